@@ -1,0 +1,142 @@
+"""Fan-out: run one task per host with bounded concurrency (Fabric's Group idea).
+
+A task is a function `task(conn) -> value` that gets the host's one `Connection`; the
+connection is opened once per host per command run and shared by every task run on it.
+A host that is down or whose task raises is recorded as failed; it never stops others.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .errors import SglfleetError
+from .hostkeys import KnownHosts
+from .inventory import Host, Inventory
+from .transport import Connection
+
+DEFAULT_FORKS = 32
+
+# (host name, event, detail): events are "connecting", "running", "ok", "failed".
+ProgressCallback = Callable[[str, str, str], None]
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    duration: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "ok": self.ok, "value": self.value, "error": self.error,
+                "duration_s": round(self.duration, 3)}
+
+
+class GroupResult(dict[str, HostResult]):
+    """Host name -> HostResult, with the succeeded/failed views of Fabric's GroupResult."""
+
+    @property
+    def succeeded(self) -> dict[str, HostResult]:
+        return {k: v for k, v in self.items() if v.ok}
+
+    @property
+    def failed(self) -> dict[str, HostResult]:
+        return {k: v for k, v in self.items() if not v.ok}
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if not self.failed else 1
+
+
+@dataclass
+class Group:
+    """The hosts of one command run and their connections."""
+
+    hosts: list[Host]
+    known_hosts: KnownHosts
+    forks: int = DEFAULT_FORKS
+    host_key_policy: str | None = None
+    progress: ProgressCallback | None = None
+    inventory: Inventory | None = None
+    connections: dict[str, Connection] = field(default_factory=dict)
+
+    @classmethod
+    def from_inventory(cls, inventory: Inventory, pattern: str, **kwargs: Any) -> "Group":
+        return cls(inventory.select(pattern), KnownHosts(inventory.known_hosts_path),
+                   inventory=inventory, **kwargs)
+
+    def __post_init__(self) -> None:
+        if self.forks < 1:
+            raise SglfleetError(f"--forks must be at least 1, got {self.forks}")
+
+    def connection(self, host: Host) -> Connection:
+        if host.name not in self.connections:
+            jump = None
+            if host.proxy_jump and self.inventory and host.proxy_jump in self.inventory.hosts:
+                jump = self.inventory.hosts[host.proxy_jump]
+            self.connections[host.name] = Connection(host, self.known_hosts, self.host_key_policy,
+                                                     jump_host=jump)
+        return self.connections[host.name]
+
+    def _emit(self, host: str, event: str, detail: str = "") -> None:
+        if self.progress:
+            self.progress(host, event, detail)
+
+    def _one(self, host: Host, task: Callable[[Connection], Any], label: str) -> HostResult:
+        started = time.monotonic()
+        conn = self.connection(host)
+        try:
+            self._emit(host.name, "connecting", host.target)
+            conn.open()
+            self._emit(host.name, "running", label)
+            value = task(conn)
+        except SglfleetError as exc:
+            result = HostResult(host.name, False, error=str(exc), duration=time.monotonic() - started)
+        except Exception as exc:  # a bug in a task must not take the other hosts down
+            detail = "".join(traceback.format_exception(exc))
+            result = HostResult(host.name, False, error=f"{type(exc).__name__}: {exc}\n{detail}",
+                                duration=time.monotonic() - started)
+        else:
+            ok = not (isinstance(value, TaskOutcome) and not value.ok)
+            if isinstance(value, TaskOutcome):
+                result = HostResult(host.name, ok, value.value, value.error, time.monotonic() - started)
+            else:
+                result = HostResult(host.name, True, value, None, time.monotonic() - started)
+        self._emit(host.name, "ok" if result.ok else "failed", result.error or "")
+        return result
+
+    def run(self, task: Callable[[Connection], Any], label: str = "task") -> GroupResult:
+        results = GroupResult()
+        with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(self.hosts)))) as pool:
+            futures = {h.name: pool.submit(self._one, h, task, label) for h in self.hosts}
+            for name in (h.name for h in self.hosts):
+                results[name] = futures[name].result()
+        return results
+
+    def close(self) -> None:
+        for conn in self.connections.values():
+            conn.close()
+        self.connections.clear()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self.hosts)
+
+
+@dataclass
+class TaskOutcome:
+    """What a task returns when it reached the host but the host's answer is a failure."""
+
+    ok: bool
+    value: Any = None
+    error: str | None = None

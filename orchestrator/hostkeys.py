@@ -1,0 +1,101 @@
+"""known_hosts handling: `strict` (default) or `accept-new` (record once, then strict).
+
+The file sits next to the inventory (`inventory/lab.yaml` -> `inventory/lab.known_hosts`).
+A changed key is never accepted; the error names the file and line to fix.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+
+import paramiko
+from paramiko.hostkeys import HostKeyEntry, HostKeys
+
+from .errors import HostKeyError
+
+_write_lock = threading.Lock()
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name OpenSSH and paramiko look a key up by."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class KnownHosts:
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+
+    def load(self) -> HostKeys:
+        keys = HostKeys()
+        if os.path.exists(self.path):
+            keys.load(self.path)
+        return keys
+
+    def line_of(self, name: str) -> int | None:
+        """1-based line of the first entry for `name` (hashed entries included)."""
+        if not os.path.exists(self.path):
+            return None
+        with open(self.path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                entry = HostKeyEntry.from_line(line, number)
+                if entry is None:
+                    continue
+                for pattern in entry.hostnames:
+                    if pattern == name or (pattern.startswith("|1|") and
+                                           HostKeys.hash_host(name, pattern) == pattern):
+                        return number
+        return None
+
+    def add(self, name: str, key: paramiko.PKey) -> None:
+        """Append one entry, safe against concurrent writers (threads and processes)."""
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with _write_lock, open(self.path, "a+", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.seek(0)
+            if any(line.split()[:1] == [name] for line in fh if line.strip()):
+                return
+            fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+class StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, known_hosts: KnownHosts):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):  # noqa: ANN001 - paramiko's signature
+        raise HostKeyError(
+            f"unknown host key for {hostname} ({key.get_name()} {key.fingerprint}): it is not in "
+            f"{self.known_hosts.path}. Verify the fingerprint, then rerun with "
+            f"--host-key-policy accept-new to record it (or set host_key_policy: accept-new).")
+
+
+class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Records a key seen for the first time; a changed key still fails (paramiko checks it)."""
+
+    def __init__(self, known_hosts: KnownHosts):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):  # noqa: ANN001
+        self.known_hosts.add(hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def changed_key_error(known_hosts: KnownHosts, exc: paramiko.BadHostKeyException) -> HostKeyError:
+    line = known_hosts.line_of(exc.hostname)
+    where = f"{known_hosts.path}:{line}" if line else known_hosts.path
+    return HostKeyError(
+        f"HOST KEY CHANGED for {exc.hostname}: the server offered {exc.key.get_name()} "
+        f"{exc.key.fingerprint} but {where} records {exc.expected_key.get_name()} "
+        f"{exc.expected_key.fingerprint}. This can mean a reinstalled host or an attack; refusing to "
+        f"connect. If the change is expected, delete line {line or '?'} of {known_hosts.path} and "
+        f"reconnect with --host-key-policy accept-new.")
+
+
+def make_policy(name: str, known_hosts: KnownHosts) -> paramiko.MissingHostKeyPolicy:
+    if name == "accept-new":
+        return AcceptNewPolicy(known_hosts)
+    return StrictPolicy(known_hosts)

@@ -1,0 +1,1 @@
+"""The local lab: simulated hosts on loopback for tests, demos and benchmarks."""

@@ -1,0 +1,342 @@
+"""The local lab: simulated GPU hosts, each a real sshd in its own namespaces.
+
+Host N (ct129, ct130, ...) listens on 127.0.1.N:22 and runs in its own mount, pid and
+uts namespaces. It sees the real filesystem, except that /root, /var/lib, /var/log and
+/etc/systemd are overlays (a shared read-only base + the real directory underneath, with
+a per-host upper layer) and /tmp is its own. So /root/ml-env, /root/models and
+/var/lib/sglfleet have the same paths as on a real host but differ per host.
+
+State lives in SGLFLEET_LAB_DIR (default /var/cache/sglfleet/lab). That directory must not
+sit under an overlaid path (overlayfs refuses layers nested in each other), which is
+why it is not ~/.cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from ..errors import SglfleetError
+from . import base as lab_base
+
+FIRST_HOST_NUMBER = 129
+MAX_HOSTS = 254
+SSHD = "/usr/sbin/sshd"
+HOSTINIT = Path(__file__).with_name("hostinit.py")
+
+# Per-host overlay targets; each is lower = [base copy if any, the real directory].
+OVERLAY_TARGETS = ("/root", "/var/lib", "/var/log", "/etc/systemd")
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("SGLFLEET_LAB_DIR", "/var/cache/sglfleet/lab"))
+
+
+def host_name(index: int) -> str:
+    return f"ct{FIRST_HOST_NUMBER + index}"
+
+
+def host_address(index: int) -> str:
+    return f"127.0.1.{index + 1}"
+
+
+@dataclass
+class LabHost:
+    name: str
+    address: str
+    port: int
+    unshare_pid: int
+    gpu: str = "h200"
+
+
+@dataclass
+class HostStatus:
+    name: str
+    address: str
+    running: bool
+    sshd: bool
+    init_pid: int | None
+
+
+class Lab:
+    def __init__(self, state_dir: Path | None = None, inventory_path: Path | None = None):
+        self.state_dir = Path(state_dir or default_state_dir())
+        self.inventory_path = Path(inventory_path or Path("inventory") / "lab.yaml")
+        self.known_hosts_path = self.inventory_path.with_suffix(".known_hosts")
+        self.key_path = self.state_dir / "id_ed25519"
+        self.state_file = self.state_dir / "lab.json"
+
+    # ------------------------------------------------------------ state
+
+    def hosts(self) -> list[LabHost]:
+        if not self.state_file.exists():
+            return []
+        data = json.loads(self.state_file.read_text())
+        return [LabHost(**h) for h in data["hosts"]]
+
+    def _save(self, hosts: list[LabHost]) -> None:
+        self.state_file.write_text(json.dumps({"hosts": [asdict(h) for h in hosts]}, indent=2))
+
+    def host_dir(self, name: str) -> Path:
+        return self.state_dir / "hosts" / name
+
+    @staticmethod
+    def init_pid(host: LabHost) -> int | None:
+        """The host's PID 1, as seen from here (the child of the unshare process)."""
+        try:
+            children = Path(f"/proc/{host.unshare_pid}/task/{host.unshare_pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+    # ------------------------------------------------------------ up / down
+
+    def check_prerequisites(self) -> None:
+        if os.geteuid() != 0:
+            raise SglfleetError("the lab needs root (namespaces and overlay mounts); run as root")
+        if not os.path.exists(SSHD):
+            raise SglfleetError(f"{SSHD} not found: install openssh-server "
+                                "(`apt-get install openssh-server`; `make test` does this)")
+        if shutil.which("unshare") is None:
+            raise SglfleetError("`unshare` not found: install util-linux")
+
+    def up(self, count: int = 4, gpu: str = "h200") -> list[LabHost]:
+        """Start hosts ct129.. up to `count`; hosts already running are left alone."""
+        if not 1 <= count <= MAX_HOSTS:
+            raise SglfleetError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
+        self.check_prerequisites()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        base = lab_base.ensure_base(self.state_dir)
+        self._ensure_client_key()
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
+
+        running = {h.name: h for h in self.hosts() if self.init_pid(h) is not None}
+        hosts: list[LabHost] = []
+        started: list[LabHost] = []
+        for index in range(max(count, len(running))):
+            name = host_name(index)
+            if name in running:
+                hosts.append(running[name])
+                continue
+            host = self._start_host(index, base, gpu)
+            hosts.append(host)
+            started.append(host)
+        self._save(hosts)
+        self._wait_ready(started)
+        self._write_inventory(hosts)
+        return hosts
+
+    def _ensure_client_key(self) -> None:
+        if not self.key_path.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sglfleet-lab",
+                            "-f", str(self.key_path)], check=True)
+        shutil.copyfile(f"{self.key_path}.pub", self.state_dir / "authorized_keys")
+
+    def _start_host(self, index: int, base: Path, gpu: str) -> LabHost:
+        name, address = host_name(index), host_address(index)
+        hdir = self.host_dir(name)
+        if hdir.exists():  # leftovers of a host that died: start clean
+            shutil.rmtree(hdir)
+        hdir.mkdir(parents=True)
+        host_key = hdir / "ssh_host_ed25519_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-lab",
+                        "-f", str(host_key)], check=True)
+        (hdir / "sshd_config").write_text(_sshd_config(address, host_key, self.state_dir, hdir))
+        overlays = []
+        for target in OVERLAY_TARGETS:
+            Path(target).mkdir(parents=True, exist_ok=True)
+            slug = target.strip("/").replace("/", "_")
+            lower = [str(p) for p in (base / target.lstrip("/"),) if p.is_dir()] + [target]
+            overlays.append({"target": target, "lower": lower,
+                             "upper": str(hdir / "upper" / slug), "work": str(hdir / "work" / slug)})
+        config = {
+            "hostname": name, "address": address, "port": 22, "sshd": SSHD,
+            "sshd_config": str(hdir / "sshd_config"), "sshd_log": str(hdir / "sshd.log"),
+            "ready_file": str(hdir / "ready"), "overlays": overlays,
+            "binds": [{"source": str(hdir / "tmp"), "target": "/tmp", "mode": 0o1777}],
+        }
+        (hdir / "init.json").write_text(json.dumps(config, indent=2))
+        log = open(hdir / "init.log", "ab")
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+             sys.executable, str(HOSTINIT), str(hdir / "init.json")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu)
+
+    def _wait_ready(self, hosts: list[LabHost], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(hosts)
+        while pending and time.monotonic() < deadline:
+            for host in list(pending):
+                ready = self.host_dir(host.name) / "ready"
+                if ready.exists():
+                    if ready.read_text().strip() != "ready":
+                        raise SglfleetError(f"lab host {host.name}: sshd did not start; see "
+                                            f"{self.host_dir(host.name) / 'sshd.log'}")
+                    pending.remove(host)
+                elif self.init_pid(host) is None and not _alive(host.unshare_pid):
+                    log = (self.host_dir(host.name) / "init.log").read_text(errors="replace")
+                    raise SglfleetError(f"lab host {host.name} exited during start:\n{log}")
+            time.sleep(0.05)
+        if pending:
+            raise SglfleetError(f"lab hosts not ready after {timeout:.0f}s: "
+                                f"{', '.join(h.name for h in pending)}")
+
+    def _write_inventory(self, hosts: list[LabHost]) -> None:
+        names = [h.name for h in hosts]
+        doc = {"all": {
+            "vars": {"user": "root", "identity_file": str(self.key_path),
+                     "python": "/root/ml-env/bin/python3", "models_dir": "/root/models",
+                     "host_key_policy": "strict", "connect_timeout": 5},
+            "hosts": {h.name: {"address": h.address, "port": h.port, "lab_gpu": h.gpu} for h in hosts},
+            "children": {"gpu-fleet": {"hosts": {n: None for n in names}},
+                         "lab": {"hosts": {n: None for n in names}}},
+        }}
+        self.inventory_path.parent.mkdir(parents=True, exist_ok=True)
+        header = ("# Written by `sglfleet lab up`: simulated hosts on loopback addresses.\n"
+                  "# `sglfleet lab down` removes it. Do not edit.\n")
+        self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
+        lines = []
+        for h in hosts:
+            pub = (self.host_dir(h.name) / "ssh_host_ed25519_key.pub").read_text().split()
+            lines.append(f"{h.address} {pub[0]} {pub[1]}\n")
+        self.known_hosts_path.write_text("".join(lines))
+
+    def status(self) -> list[HostStatus]:
+        result = []
+        for host in self.hosts():
+            pid = self.init_pid(host)
+            result.append(HostStatus(host.name, host.address, pid is not None,
+                                     pid is not None and _port_open(host.address, host.port), pid))
+        return result
+
+    def down(self) -> list[str]:
+        """Stop every host; nothing is left: processes, mounts and namespaces go with PID 1."""
+        stopped = []
+        hosts = self.hosts()
+        for host in hosts:
+            if _alive(host.unshare_pid):
+                os.kill(host.unshare_pid, signal.SIGTERM)  # --kill-child: PID 1 gets SIGKILL
+            pid = self.init_pid(host)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            stopped.append(host.name)
+        deadline = time.monotonic() + 10
+        for host in hosts:
+            while _alive(host.unshare_pid) and time.monotonic() < deadline:
+                _reap(host.unshare_pid)
+                time.sleep(0.02)
+        shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)
+        self.state_file.unlink(missing_ok=True)
+        self.inventory_path.unlink(missing_ok=True)
+        self.known_hosts_path.unlink(missing_ok=True)
+        return stopped
+
+    # ------------------------------------------------------------ fault knobs
+
+    def _host(self, name: str) -> LabHost:
+        for host in self.hosts():
+            if host.name == name:
+                return host
+        raise SglfleetError(f"no lab host named '{name}' (lab hosts: "
+                            f"{', '.join(h.name for h in self.hosts()) or 'none; run `sglfleet lab up`'})")
+
+    def _signal_init(self, name: str, sig: int) -> None:
+        pid = self.init_pid(self._host(name))
+        if pid is None:
+            raise SglfleetError(f"lab host {name} is not running")
+        os.kill(pid, sig)
+
+    def stop_sshd(self, name: str) -> None:
+        host = self._host(name)
+        self._signal_init(name, signal.SIGUSR1)
+        _wait_port(host.address, host.port, open_=False)
+
+    def start_sshd(self, name: str) -> None:
+        host = self._host(name)
+        self._signal_init(name, signal.SIGUSR2)
+        _wait_port(host.address, host.port, open_=True)
+
+    def kill_host(self, name: str) -> None:
+        """SIGKILL the host's PID 1: the kernel kills everything in its pid namespace."""
+        host = self._host(name)
+        self._signal_init(name, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(host.unshare_pid) and time.monotonic() < deadline:
+            _reap(host.unshare_pid)
+            time.sleep(0.02)
+
+    def namespaces(self, name: str) -> dict[str, str]:
+        """The namespace ids (`mnt:[...]`) of a running host, for isolation checks."""
+        pid = self.init_pid(self._host(name))
+        if pid is None:
+            return {}
+        return {ns: os.readlink(f"/proc/{pid}/ns/{ns}") for ns in ("mnt", "pid", "uts")}
+
+
+def _sshd_config(address: str, host_key: Path, state_dir: Path, hdir: Path) -> str:
+    return f"""# sglfleet lab host
+ListenAddress {address}:22
+HostKey {host_key}
+PidFile {hdir / 'sshd.pid'}
+AuthorizedKeysFile {state_dir / 'authorized_keys'}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+PrintMotd no
+MaxStartups 200
+MaxSessions 100
+Subsystem sftp internal-sftp
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_port(address: str, port: int, open_: bool, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _port_open(address, port) == open_:
+            return
+        time.sleep(0.05)
+    raise SglfleetError(f"{address}:{port} did not become {'reachable' if open_ else 'unreachable'}")

@@ -1,0 +1,1 @@
+"""Files that run on the remote host. They are sent over stdin, never imported there."""

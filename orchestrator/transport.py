@@ -1,0 +1,304 @@
+"""One SSH connection per host, reused by every step of a command run.
+
+Fabric's `Connection` sets up the client (gateway/ProxyJump, auth arguments); we replace
+its host-key handling (Fabric auto-adds keys) and run commands on raw paramiko channels,
+because we need what Fabric's runner does not give: the complete output with no cap,
+stdin streamed while output is read, and a timeout that really kills the remote command.
+"""
+
+from __future__ import annotations
+
+import io
+import select
+import shlex
+import socket
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable
+
+import fabric
+import paramiko
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from .errors import ConnectError, HostKeyError, LoopbackOnlyError
+from .hostkeys import KnownHosts, changed_key_error, make_policy
+from .inventory import Host
+from .safety import check_target
+
+# The first line of stdout of every command is this marker with the remote shell's pid.
+# sshd makes that shell a session and process-group leader, so `kill -- -PGID` reaches
+# the whole command tree when a timeout fires.
+_PGID_MARKER = b"sglfleet-pgid "
+_CHUNK = 1 << 20
+
+StdinType = bytes | str | IO[bytes] | Callable[[IO[bytes]], None] | None
+
+
+@dataclass
+class CommandResult:
+    host: str
+    command: str
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration: float
+    timed_out: bool = False
+    stdin_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", "replace")
+
+
+@dataclass
+class PushResult:
+    files: int
+    bytes_sent: int
+    duration: float
+    remote_dir: str
+    result: CommandResult = field(repr=False)
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (LoopbackOnlyError, HostKeyError, paramiko.AuthenticationException,
+                        paramiko.BadHostKeyException)):
+        return False
+    return isinstance(exc, (OSError, EOFError, paramiko.SSHException,
+                            paramiko.ssh_exception.NoValidConnectionsError))
+
+
+class _ChannelWriter(io.RawIOBase):
+    """File-like adapter so tarfile (or any writer) can stream into a channel's stdin."""
+
+    def __init__(self, channel: paramiko.Channel):
+        self.channel = channel
+        self.count = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        data = bytes(data)
+        self.channel.sendall(data)
+        self.count += len(data)
+        return len(data)
+
+
+class Connection:
+    """An SSH connection to one inventory host, opened lazily and reused."""
+
+    def __init__(self, host: Host, known_hosts: KnownHosts, host_key_policy: str | None = None,
+                 jump_host: Host | None = None, connect_attempts: int = 3):
+        self.host = host
+        self.known_hosts = known_hosts
+        self.policy_name = host_key_policy or host.host_key_policy
+        self.jump_host = jump_host
+        self.connect_attempts = connect_attempts
+        self._fabric: fabric.Connection | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ connecting
+
+    def _make_fabric(self, host: Host, gateway: fabric.Connection | None) -> fabric.Connection:
+        # lazy=True: Fabric must not read ~/.ssh/config itself; the inventory already merged it.
+        config = fabric.Config(lazy=True)
+        connect_kwargs: dict[str, Any] = {"banner_timeout": host.connect_timeout,
+                                          "auth_timeout": host.connect_timeout}
+        if host.identity_files:
+            connect_kwargs["key_filename"] = list(host.identity_files)
+            connect_kwargs["look_for_keys"] = False
+        conn = fabric.Connection(host=host.address, user=host.user, port=host.port, config=config,
+                                 gateway=gateway or False, connect_timeout=int(host.connect_timeout),
+                                 connect_kwargs=connect_kwargs)
+        client = paramiko.SSHClient()
+        if Path(self.known_hosts.path).exists():
+            client.load_host_keys(self.known_hosts.path)
+        client.set_missing_host_key_policy(make_policy(self.policy_name, self.known_hosts))
+        conn.client = client
+        return conn
+
+    def _jump(self) -> fabric.Connection | None:
+        if not self.host.proxy_jump:
+            return None
+        jump = self.jump_host or _parse_jump(self.host.proxy_jump, self.host)
+        check_target(jump.address, f"jump host of {self.host.name}")
+        return self._make_fabric(jump, None)
+
+    def open(self) -> None:
+        with self._lock:
+            if self._fabric is not None and self._fabric.is_connected:
+                return
+            check_target(self.host.address, f"host {self.host.name}")
+            try:
+                for attempt in Retrying(stop=stop_after_attempt(self.connect_attempts),
+                                        wait=wait_exponential(multiplier=0.25, max=2),
+                                        retry=retry_if_exception(_retryable), reraise=True):
+                    with attempt:
+                        conn = self._make_fabric(self.host, self._jump())
+                        conn.open()
+                        conn.transport.set_keepalive(15)
+                        self._fabric = conn
+            except paramiko.BadHostKeyException as exc:
+                raise changed_key_error(self.known_hosts, exc) from None
+            except paramiko.AuthenticationException as exc:
+                raise ConnectError(f"{self.host.name}: authentication failed for {self.host.target} "
+                                   f"({exc}); check user and identity_file in the inventory") from None
+            except (HostKeyError, LoopbackOnlyError):
+                raise
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+                raise ConnectError(f"{self.host.name}: cannot connect to {self.host.target} after "
+                                   f"{self.connect_attempts} attempts: {reason}") from None
+
+    @property
+    def transport(self) -> paramiko.Transport:
+        self.open()
+        assert self._fabric is not None
+        return self._fabric.transport
+
+    def close(self) -> None:
+        if self._fabric is not None:
+            self._fabric.close()
+            self._fabric = None
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ running
+
+    def run(self, command: str, stdin: StdinType = None, timeout: float | None = None) -> CommandResult:
+        """Run `command` in the remote user's shell; never retried, never truncated."""
+        channel = self.transport.open_session()
+        wrapped = f"printf 'sglfleet-pgid %s\\n' \"$$\"; {command}"
+        started = time.monotonic()
+        channel.exec_command(wrapped)
+        writer = _ChannelWriter(channel)
+        feeder = threading.Thread(target=_feed_stdin, args=(channel, writer, stdin), daemon=True)
+        feeder.start()
+        stdout, stderr, pgid, timed_out = _drain(channel, started, timeout)
+        if timed_out:
+            self._kill_group(pgid)
+            channel.close()
+            exit_code = None
+        else:
+            exit_code = channel.recv_exit_status()
+            channel.close()
+        feeder.join(timeout=5)
+        return CommandResult(self.host.name, command, exit_code, stdout, stderr,
+                             time.monotonic() - started, timed_out, writer.count)
+
+    def _kill_group(self, pgid: int | None) -> None:
+        if pgid is None:
+            return
+        # TERM first so the command can clean up, KILL for whatever ignores it.
+        group = shlex.quote(f"-{pgid}")
+        cleanup = self.transport.open_session()
+        cleanup.exec_command(f"kill -TERM -- {group} 2>/dev/null; sleep 1; kill -KILL -- {group} 2>/dev/null; true")
+        cleanup.recv_exit_status()
+        cleanup.close()
+
+    def run_python(self, script: str | Path, args: Iterable[str] = (), python: str | None = None,
+                   timeout: float | None = None, fallback_python: bool = False) -> CommandResult:
+        """Send a local .py file over stdin to the remote interpreter (one round trip)."""
+        interpreter = python or self.host.python
+        argv = " ".join(shlex.quote(a) for a in args)
+        if fallback_python:
+            # The configured interpreter may be missing; run with python3 and say so in argv.
+            command = (f"if p=$(command -v {shlex.quote(interpreter)}); then exec \"$p\" - {argv}; "
+                       f"else exec python3 - {argv} --interpreter-missing; fi")
+        else:
+            command = f"exec {shlex.quote(interpreter)} - {argv}"
+        return self.run(command, stdin=Path(script).read_bytes(), timeout=timeout)
+
+    def put_tree(self, local_dir: str | Path, remote_dir: str, timeout: float | None = None) -> PushResult:
+        """Push a directory tree as ONE tar stream over one exec channel."""
+        local = Path(local_dir)
+        if not local.is_dir():
+            raise FileNotFoundError(f"not a directory: {local}")
+        files = sum(1 for p in local.rglob("*") if p.is_file())
+
+        def write_tar(fileobj: IO[bytes]) -> None:
+            with tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                for path in sorted(local.rglob("*")):
+                    tar.add(path, arcname=str(path.relative_to(local)), recursive=False)
+
+        dest = shlex.quote(remote_dir)
+        result = self.run(f"mkdir -p {dest} && tar -x -f - -C {dest} --no-same-owner",
+                          stdin=write_tar, timeout=timeout)
+        return PushResult(files, result.stdin_bytes, result.duration, remote_dir, result)
+
+
+def _parse_jump(spec: str, target: Host) -> Host:
+    """`[user@]host[:port]` as in OpenSSH's ProxyJump."""
+    user, _, rest = spec.rpartition("@")
+    address, _, port = rest.partition(":")
+    return Host(name=f"jump:{spec}", address=address, port=int(port) if port else 22,
+                user=user or target.user, identity_files=target.identity_files,
+                host_key_policy=target.host_key_policy, connect_timeout=target.connect_timeout)
+
+
+def _feed_stdin(channel: paramiko.Channel, writer: _ChannelWriter, stdin: StdinType) -> None:
+    try:
+        if stdin is None:
+            pass
+        elif isinstance(stdin, (bytes, bytearray, memoryview)):
+            writer.write(stdin)
+        elif isinstance(stdin, str):
+            writer.write(stdin.encode())
+        elif callable(stdin):
+            stdin(writer)
+        else:
+            while chunk := stdin.read(_CHUNK):
+                writer.write(chunk)
+        channel.shutdown_write()
+    except (OSError, EOFError, paramiko.SSHException):
+        pass  # the remote side closed early; its exit status and stderr say why
+
+
+def _drain(channel: paramiko.Channel, started: float, timeout: float | None
+           ) -> tuple[bytes, bytes, int | None, bool]:
+    out = bytearray()
+    err = bytearray()
+    pgid: int | None = None
+    header_done = False
+    channel.settimeout(0.05)
+    while True:
+        progressed = False
+        if channel.recv_ready():
+            out += channel.recv(_CHUNK)
+            progressed = True
+        if channel.recv_stderr_ready():
+            err += channel.recv_stderr(_CHUNK)
+            progressed = True
+        if not header_done and b"\n" in out:
+            line, _, rest = bytes(out).partition(b"\n")
+            if line.startswith(_PGID_MARKER):
+                pgid = int(line[len(_PGID_MARKER):])
+                out = bytearray(rest)
+            header_done = True
+        if progressed:
+            continue
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            # drain anything that raced in with the exit status
+            if channel.eof_received or channel.closed:
+                break
+        if timeout is not None and time.monotonic() - started > timeout:
+            return bytes(out), bytes(err), pgid, True
+        # Wakes on stdout data at once; stderr-only output is picked up within 10 ms.
+        select.select([channel], [], [], 0.01)
+    return bytes(out), bytes(err), pgid, False
+

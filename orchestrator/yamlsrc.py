@@ -1,0 +1,80 @@
+"""YAML loading that remembers where each value came from.
+
+Every mapping is loaded as a `SourceMap`: a plain dict that also knows the file and the
+line of each of its keys. Inventory and profile errors quote `file:line` from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+
+class SourceMap(dict):
+    """A dict that knows the file and the 1-based line of itself and of each key."""
+
+    path: str = "?"
+    line: int | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.key_lines: dict[Any, int] = {}
+
+    def line_of(self, key: Any) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+    def error(self, message: str, key: Any = None) -> ConfigError:
+        """A ConfigError pointing at this mapping, or at one of its keys."""
+        return ConfigError(message, self.path, self.line_of(key) if key is not None else self.line)
+
+
+class _Loader(yaml.SafeLoader):
+    source_path = "?"
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
+    loader.flatten_mapping(node)
+    result = SourceMap()
+    result.path = loader.source_path
+    result.line = node.start_mark.line + 1
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise ConfigError("a mapping key must be a plain value", loader.source_path,
+                              key_node.start_mark.line + 1) from None
+        if key in result:
+            raise ConfigError(f"duplicate key {key!r}", loader.source_path,
+                              key_node.start_mark.line + 1)
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.key_lines[key] = key_node.start_mark.line + 1
+    return result
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(path: str | Path, display: str | None = None) -> Any:
+    """Load one YAML document; syntax errors become ConfigError with file:line."""
+    shown = display or str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("file not found", shown) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror}", shown) from None
+    loader_cls = type("_BoundLoader", (_Loader,), {"source_path": shown})
+    try:
+        return yaml.load(text, Loader=loader_cls)  # noqa: S506 - SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"invalid YAML: {problem}", shown, line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"invalid YAML: {exc}", shown) from None
