@@ -151,8 +151,10 @@ def run_command(pattern: str = typer.Argument(..., help="Host pattern."),
 
 
 def _lab():
+    import os
+
     from .lab.manager import Lab
-    return Lab(inventory_path=Path("inventory") / "lab.yaml")
+    return Lab(inventory_path=Path(os.environ.get("SGLFLEET_LAB_INVENTORY", "inventory/lab.yaml")))
 
 
 @lab_app.command("up")

@@ -1,12 +1,12 @@
 """Facts: tiny classes that know what to ask the host and how to read the answer.
 
-All requested facts of a host travel in ONE round trip: their requests are merged into a
-spec that `remote/gather_facts.py` (sent over stdin) answers with one JSON document.
+All requested facts of a host travel in ONE round trip: their requests become the argv of
+`remote/gather_facts.py` (sent over stdin), which answers with one Python literal.
 """
 
 from __future__ import annotations
 
-import json
+import ast
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,12 +15,14 @@ from .inventory import Host
 from .transport import Connection
 
 GATHER_SCRIPT = Path(__file__).parent / "remote" / "gather_facts.py"
+_SEP = "\x1f"  # field separator inside one request argument (see gather_facts.py)
 
 
 class Fact:
     name: ClassVar[str]
 
     def request(self, host: Host) -> dict[str, Any]:
+        """{"kind": "cmd", "args": argv} or {"kind": "py", "args": [probe, *args]}."""
         raise NotImplementedError
 
     def process(self, raw: Any, host: Host) -> Any:
@@ -31,7 +33,7 @@ class CommandFact(Fact):
     argv: ClassVar[list[str]]
 
     def request(self, host: Host) -> dict[str, Any]:
-        return {"kind": "cmd", "argv": list(self.argv)}
+        return {"kind": "cmd", "args": list(self.argv)}
 
     def process(self, raw: dict[str, Any], host: Host) -> Any:
         if raw.get("rc") != 0:
@@ -42,18 +44,24 @@ class CommandFact(Fact):
         return stdout.strip()
 
 
-class Hostname(CommandFact):
+class Hostname(Fact):
     name = "hostname"
-    argv = ["hostname"]
+
+    def request(self, host: Host) -> dict[str, Any]:
+        return {"kind": "py", "args": ["hostname"]}
 
 
-class OsRelease(CommandFact):
+class OsRelease(Fact):
     name = "os"
-    argv = ["cat", "/etc/os-release"]
 
-    def parse(self, stdout: str) -> str:
+    def request(self, host: Host) -> dict[str, Any]:
+        return {"kind": "py", "args": ["read_file", "/etc/os-release"]}
+
+    def process(self, raw: dict[str, Any], host: Host) -> str:
+        if not raw.get("exists"):
+            return "unknown"
         fields = {}
-        for line in stdout.splitlines():
+        for line in raw["text"].splitlines():
             key, _, value = line.partition("=")
             fields[key.strip()] = value.strip().strip('"')
         return fields.get("PRETTY_NAME") or fields.get("NAME") or "unknown"
@@ -88,7 +96,7 @@ class Interpreter(Fact):
     name = "interpreter"
 
     def request(self, host: Host) -> dict[str, Any]:
-        return {"kind": "py", "fn": "interpreter"}
+        return {"kind": "py", "args": ["interpreter"]}
 
     def process(self, raw: dict[str, Any], host: Host) -> dict[str, Any]:
         return {"configured": host.python, "executable": raw.get("executable"),
@@ -100,14 +108,14 @@ class Packages(Fact):
     names: ClassVar[list[str]] = ["sglang", "torch"]
 
     def request(self, host: Host) -> dict[str, Any]:
-        return {"kind": "py", "fn": "distributions", "args": [self.names]}
+        return {"kind": "py", "args": ["distributions", *self.names]}
 
 
 class ModelsDisk(Fact):
     name = "models_disk"
 
     def request(self, host: Host) -> dict[str, Any]:
-        return {"kind": "py", "fn": "disk_free", "args": [host.models_dir]}
+        return {"kind": "py", "args": ["disk_free", host.models_dir]}
 
 
 DEFAULT_FACTS: tuple[type[Fact], ...] = (Hostname, OsRelease, Interpreter, Packages, Gpus, ModelsDisk)
@@ -117,15 +125,18 @@ def gather(conn: Connection, fact_types: tuple[type[Fact], ...] = DEFAULT_FACTS,
            timeout: float = 60) -> dict[str, Any]:
     """All facts of one host in one round trip."""
     facts = [t() for t in fact_types]
-    spec = {f.name: f.request(conn.host) for f in facts}
-    result = conn.run_python(GATHER_SCRIPT, [json.dumps(spec)], timeout=timeout, fallback_python=True)
+    argv = []
+    for fact in facts:
+        request = fact.request(conn.host)
+        argv.append(_SEP.join([fact.name, request["kind"], *request["args"]]))
+    result = conn.run_python(GATHER_SCRIPT, argv, timeout=timeout, fallback_python=True)
     if not result.ok:
         why = "timed out" if result.timed_out else f"exit code {result.exit_code}"
         raise SglfleetError(f"{conn.host.name}: fact gathering failed ({why}):\n{result.stderr_text}")
     try:
-        raw = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise SglfleetError(f"{conn.host.name}: fact gathering printed no JSON:\n"
+        raw = ast.literal_eval(result.stdout_text)  # literals only: never evaluates code
+    except (ValueError, SyntaxError, MemoryError):
+        raise SglfleetError(f"{conn.host.name}: fact gathering printed no result:\n"
                             f"{result.stdout_text}\n{result.stderr_text}") from None
     values: dict[str, Any] = {}
     for fact in facts:

@@ -275,26 +275,17 @@ def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
 
 def _build_host(name: str, layers: list[SourceMap], groups: tuple[str, ...],
                 ssh_config: paramiko.SSHConfig, inventory_dir: Path, shown: str) -> Host:
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            # An Ansible alias never overrides our own name set at the same or a deeper level.
-            ours = ANSIBLE_ALIASES.get(key)
-            if ours is not None:
-                merged[("alias", ours)] = value
-            else:
-                merged[key] = value
-                merged.pop(("alias", key), None)
+    # Deeper layers win; within one layer our name wins over its Ansible alias.
     settings: dict[str, Any] = {}
-    for ours, (_alias, convert) in CONNECTION_VARS.items():
-        if ours in merged:
-            settings[ours] = convert(merged[ours])
-        elif ("alias", ours) in merged:
-            settings[ours] = convert(merged[("alias", ours)])
-    free_vars = {k: v for k, v in merged.items() if isinstance(k, str)}
-    for ours in CONNECTION_VARS:
-        if ours in settings:
-            free_vars[ours] = settings[ours]
+    free_vars: dict[str, Any] = {}
+    for layer in layers:
+        for ours, (alias, convert) in CONNECTION_VARS.items():
+            if ours in layer:
+                settings[ours] = convert(layer[ours])
+            elif alias is not None and alias in layer:
+                settings[ours] = convert(layer[alias])
+        free_vars.update({k: v for k, v in layer.items() if k not in KNOWN_VARS})
+    free_vars.update(settings)
 
     ssh = ssh_config.lookup(name)
     address = settings.get("address") or ssh.get("hostname") or name

@@ -9,7 +9,6 @@ stdin streamed while output is read, and a timeout that really kills the remote 
 from __future__ import annotations
 
 import io
-import select
 import shlex
 import socket
 import tarfile
@@ -187,18 +186,28 @@ class Connection:
         started = time.monotonic()
         channel.exec_command(wrapped)
         writer = _ChannelWriter(channel)
-        feeder = threading.Thread(target=_feed_stdin, args=(channel, writer, stdin), daemon=True)
-        feeder.start()
-        stdout, stderr, pgid, timed_out = _drain(channel, started, timeout)
+        # Blocking reader threads, one per stream: no polling, so many hosts at once cost
+        # no CPU while they wait.
+        stdout, stderr = _StreamReader(channel.recv), _StreamReader(channel.recv_stderr)
+        threads = [threading.Thread(target=_feed_stdin, args=(channel, writer, stdin), daemon=True),
+                   threading.Thread(target=stdout.read_all, daemon=True),
+                   threading.Thread(target=stderr.read_all, daemon=True)]
+        for thread in threads:
+            thread.start()
+        deadline = None if timeout is None else started + timeout
+        for thread in threads[1:]:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        timed_out = any(t.is_alive() for t in threads[1:])
         if timed_out:
-            self._kill_group(pgid)
+            self._kill_group(_pgid(stdout))
             channel.close()
             exit_code = None
         else:
             exit_code = channel.recv_exit_status()
             channel.close()
-        feeder.join(timeout=5)
-        return CommandResult(self.host.name, command, exit_code, stdout, stderr,
+        for thread in threads:
+            thread.join(timeout=5)
+        return CommandResult(self.host.name, command, exit_code, _strip_header(stdout.data), bytes(stderr.data),
                              time.monotonic() - started, timed_out, writer.count)
 
     def _kill_group(self, pgid: int | None) -> None:
@@ -264,41 +273,40 @@ def _feed_stdin(channel: paramiko.Channel, writer: _ChannelWriter, stdin: StdinT
         else:
             while chunk := stdin.read(_CHUNK):
                 writer.write(chunk)
-        channel.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException):
         pass  # the remote side closed early; its exit status and stderr say why
+    finally:
+        try:
+            channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
 
 
-def _drain(channel: paramiko.Channel, started: float, timeout: float | None
-           ) -> tuple[bytes, bytes, int | None, bool]:
-    out = bytearray()
-    err = bytearray()
-    pgid: int | None = None
-    header_done = False
-    channel.settimeout(0.05)
-    while True:
-        progressed = False
-        if channel.recv_ready():
-            out += channel.recv(_CHUNK)
-            progressed = True
-        if channel.recv_stderr_ready():
-            err += channel.recv_stderr(_CHUNK)
-            progressed = True
-        if not header_done and b"\n" in out:
-            line, _, rest = bytes(out).partition(b"\n")
-            if line.startswith(_PGID_MARKER):
-                pgid = int(line[len(_PGID_MARKER):])
-                out = bytearray(rest)
-            header_done = True
-        if progressed:
-            continue
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            # drain anything that raced in with the exit status
-            if channel.eof_received or channel.closed:
-                break
-        if timeout is not None and time.monotonic() - started > timeout:
-            return bytes(out), bytes(err), pgid, True
-        # Wakes on stdout data at once; stderr-only output is picked up within 10 ms.
-        select.select([channel], [], [], 0.01)
-    return bytes(out), bytes(err), pgid, False
+class _StreamReader:
+    """Reads one channel stream to EOF into memory (no cap: callers asked for everything)."""
 
+    def __init__(self, recv: Callable[[int], bytes]):
+        self.recv = recv
+        self.data = bytearray()
+
+    def read_all(self) -> None:
+        try:
+            while chunk := self.recv(_CHUNK):
+                self.data += chunk
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # channel closed under us (timeout kill); keep what arrived
+
+
+def _pgid(reader: _StreamReader) -> int | None:
+    line, newline, _ = bytes(reader.data[:64]).partition(b"\n")
+    if newline and line.startswith(_PGID_MARKER):
+        return int(line[len(_PGID_MARKER):])
+    return None
+
+
+def _strip_header(data: bytearray) -> bytes:
+    if data.startswith(_PGID_MARKER):
+        newline = data.find(b"\n")
+        if newline >= 0:
+            return bytes(data[newline + 1:])
+    return bytes(data)

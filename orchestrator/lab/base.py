@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-RECIPE_VERSION = "1-plain-venv"
+RECIPE_VERSION = "2-plain-venv-skel-dotfiles"
 
 
 def base_python() -> str:
@@ -32,6 +32,12 @@ def ensure_base(state_dir: Path) -> Path:
         shutil.rmtree(building)
     for d in ("root/models", "var/lib/sglfleet", "etc/systemd/system", "var/log/sglfleet"):
         (building / d).mkdir(parents=True, exist_ok=True)
+    # A fresh host's root has the distribution's skeleton dotfiles, not this machine's:
+    # bash sources ~/.bashrc for every command sshd runs, and a developer's (pyenv init,
+    # conda init) would make each lab command ~100 ms slower than on a real GPU host.
+    for dotfile in (".bashrc", ".profile"):
+        skel = Path("/etc/skel") / dotfile
+        (building / "root" / dotfile).write_text(skel.read_text() if skel.exists() else "")
     # The venv is created at its real path's twin; bin/python3 is a link to the base
     # interpreter and sys.prefix follows pyvenv.cfg, so it works when mounted at /root/ml-env.
     subprocess.run([base_python(), "-m", "venv", str(building / "root/ml-env")], check=True)

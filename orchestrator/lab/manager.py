@@ -46,8 +46,13 @@ def host_name(index: int) -> str:
     return f"ct{FIRST_HOST_NUMBER + index}"
 
 
-def host_address(index: int) -> str:
-    return f"127.0.1.{index + 1}"
+def default_subnet() -> str:
+    """The first three octets of the lab's addresses; tests use their own (SGLFLEET_LAB_SUBNET)."""
+    return os.environ.get("SGLFLEET_LAB_SUBNET", "127.0.1")
+
+
+def host_address(index: int, subnet: str = "127.0.1") -> str:
+    return f"{subnet}.{index + 1}"
 
 
 @dataclass
@@ -69,8 +74,18 @@ class HostStatus:
 
 
 class Lab:
-    def __init__(self, state_dir: Path | None = None, inventory_path: Path | None = None):
+    def __init__(self, state_dir: Path | None = None, inventory_path: Path | None = None,
+                 subnet: str | None = None):
         self.state_dir = Path(state_dir or default_state_dir())
+        resolved = self.state_dir.resolve()
+        for shadowed in OVERLAY_TARGETS + ("/tmp",):
+            if resolved == Path(shadowed) or Path(shadowed) in resolved.parents:
+                raise SglfleetError(f"lab state dir {self.state_dir} is under {shadowed}, which every lab "
+                                    f"host replaces with its own copy; choose another SGLFLEET_LAB_DIR "
+                                    f"(default /var/cache/sglfleet/lab)")
+        self.subnet = subnet or default_subnet()
+        if not self.subnet.startswith("127.") or self.subnet.count(".") != 2:
+            raise SglfleetError(f"lab subnet must look like 127.X.Y (loopback only), got '{self.subnet}'")
         self.inventory_path = Path(inventory_path or Path("inventory") / "lab.yaml")
         self.known_hosts_path = self.inventory_path.with_suffix(".known_hosts")
         self.key_path = self.state_dir / "id_ed25519"
@@ -126,6 +141,9 @@ class Lab:
         for index in range(max(count, len(running))):
             name = host_name(index)
             if name in running:
+                if running[name].address != host_address(index, self.subnet):
+                    raise SglfleetError(f"the lab in {self.state_dir} runs on {running[name].address}, "
+                                        f"not subnet {self.subnet}; run `sglfleet lab down` first")
                 hosts.append(running[name])
                 continue
             host = self._start_host(index, base, gpu)
@@ -143,7 +161,7 @@ class Lab:
         shutil.copyfile(f"{self.key_path}.pub", self.state_dir / "authorized_keys")
 
     def _start_host(self, index: int, base: Path, gpu: str) -> LabHost:
-        name, address = host_name(index), host_address(index)
+        name, address = host_name(index), host_address(index, self.subnet)
         hdir = self.host_dir(name)
         if hdir.exists():  # leftovers of a host that died: start clean
             shutil.rmtree(hdir)

@@ -74,7 +74,12 @@ class LatencyProxy:
         self.address = self._server.sockets[0].getsockname()[:2]
         self._ready.set()
         self._loop.run_forever()
+        # Stop accepting, then cancel the open connections' tasks before closing the loop.
         self._server.close()
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.run_until_complete(self._server.wait_closed())
         self._loop.close()
 

@@ -1,24 +1,29 @@
 """Remote side of fact gathering: one process, one JSON document on stdout.
 
 Runs under the host's configured interpreter (or python3 when that is missing, with
---interpreter-missing). argv[1] is a JSON spec {fact name: request}; a request is
-{"kind": "cmd", "argv": [...]} (run a command) or {"kind": "py", "fn": NAME, "args": [...]}
-(an in-process probe below). Stdlib only; must run on Python 3.8+.
+--interpreter-missing). Each other argument is one request, its fields separated by
+\x1f: `NAME \x1f cmd \x1f ARGV...` runs a command, `NAME \x1f py \x1f PROBE \x1f ARGS...`
+calls a probe below. The answer is ONE Python literal (a dict of str, int, float, bool,
+None, lists) on stdout, which the controller reads with ast.literal_eval.
+
+It runs on every host for every command, so it stays cheap: it imports no json (12 ms of
+regex compilation at import, half of this probe's CPU), no importlib.metadata (dist-info
+folder names are read directly), and starts no subprocess for what Python can read itself.
+Stdlib only; must run on Python 3.8+.
 """
 
-import json
 import os
-import platform
-import shutil
-import subprocess
 import sys
 import time
 
 
 def run_command(argv, timeout=20):
     started = time.monotonic()
-    if shutil.which(argv[0]) is None:
+    if not any(os.access(os.path.join(d, argv[0]), os.X_OK)
+               for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)):
         return {"rc": 127, "stdout": "", "stderr": "%s: command not found" % argv[0], "seconds": 0.0}
+    import subprocess  # only hosts that have the command pay for the import
+
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -28,22 +33,43 @@ def run_command(argv, timeout=20):
             "stderr": proc.stderr.decode("utf-8", "replace"), "seconds": time.monotonic() - started}
 
 
-def interpreter(missing=False):
-    return {"executable": sys.executable, "version": platform.python_version(),
-            "implementation": platform.python_implementation(), "missing": missing}
+def hostname():
+    return os.uname().nodename
 
 
-def distributions(names):
+def read_file(path):
     try:
-        from importlib import metadata
-    except ImportError:  # Python < 3.8
-        return {name: None for name in names}
-    found = {}
-    for name in names:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return {"exists": True, "text": fh.read()}
+    except OSError as exc:
+        return {"exists": False, "error": exc.strerror}
+
+
+def interpreter(missing=False):
+    return {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3],
+            "implementation": sys.implementation.name, "missing": missing}
+
+
+def _normalize(name):
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def distributions(*names):
+    """Installed versions, read from *.dist-info folder names on sys.path."""
+    wanted = {_normalize(n): n for n in names}
+    found = {n: None for n in names}
+    for entry in sys.path:
         try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
+            listing = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in listing:
+            if not item.endswith(".dist-info"):
+                continue
+            dist, _, version = item[: -len(".dist-info")].partition("-")
+            original = wanted.get(_normalize(dist))
+            if original is not None and found[original] is None:
+                found[original] = version
     return found
 
 
@@ -51,29 +77,32 @@ def disk_free(path):
     probe = path
     while not os.path.exists(probe) and probe not in ("/", ""):
         probe = os.path.dirname(probe)
-    usage = shutil.disk_usage(probe or "/")
+    stat = os.statvfs(probe or "/")
     return {"path": path, "exists": os.path.isdir(path), "measured_at": probe or "/",
-            "free_bytes": usage.free, "total_bytes": usage.total}
+            "free_bytes": stat.f_bavail * stat.f_frsize, "total_bytes": stat.f_blocks * stat.f_frsize}
 
 
-PROBES = {"interpreter": interpreter, "distributions": distributions, "disk_free": disk_free}
+PROBES = {"hostname": hostname, "read_file": read_file, "interpreter": interpreter,
+          "distributions": distributions, "disk_free": disk_free}
 
 
 def main():
     missing = "--interpreter-missing" in sys.argv
-    spec = json.loads(sys.argv[1])
     out = {}
-    for name, request in spec.items():
+    for arg in sys.argv[1:]:
+        if arg == "--interpreter-missing":
+            continue
+        name, kind, *rest = arg.split("\x1f")
         try:
-            if request["kind"] == "cmd":
-                out[name] = run_command(request["argv"], request.get("timeout", 20))
-            elif request["fn"] == "interpreter":
+            if kind == "cmd":
+                out[name] = run_command(rest)
+            elif rest[0] == "interpreter":
                 out[name] = interpreter(missing)
             else:
-                out[name] = PROBES[request["fn"]](*request.get("args", []))
+                out[name] = PROBES[rest[0]](*rest[1:])
         except Exception as exc:  # one broken probe must not hide the other facts
             out[name] = {"probe_error": "%s: %s" % (type(exc).__name__, exc)}
-    json.dump(out, sys.stdout)
+    sys.stdout.write(repr(out))
 
 
 main()

@@ -1,0 +1,46 @@
+# sglfleet: `make demo` runs the main job on the local lab, `make test` runs the suite.
+# Both set everything up on a fresh machine (as root): openssh-server, .venv, the package.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SGLFLEET := $(VENV)/bin/sglfleet
+PYTHON ?= python3
+PYTEST_ARGS ?=
+# The hard safety rule: nothing run from here may leave 127.0.0.0/8.
+export SGLFLEET_LOOPBACK_ONLY := 1
+
+.PHONY: setup sshd demo test test-fast bench lab-down clean
+
+sshd:
+	@test -x /usr/sbin/sshd || { echo "installing openssh-server"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+	@command -v unshare >/dev/null || { echo "unshare (util-linux) is required"; exit 1; }
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+	  { echo "sglfleet needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+setup: sshd $(VENV)/.installed
+
+demo: setup
+	$(SGLFLEET) lab up --hosts 4
+	$(SGLFLEET) facts all
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Local loop: skips the tests marked slow (CI runs everything).
+test-fast: PYTEST_ARGS += --skip-slow
+test-fast: test
+
+bench: setup
+	$(PY) bench/fanout.py
+
+lab-down: setup
+	$(SGLFLEET) lab down
+
+clean: lab-down
+	rm -rf $(VENV) *.egg-info

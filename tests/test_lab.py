@@ -1,0 +1,84 @@
+"""The lab itself: isolation between hosts, idempotent up, fault knobs, a clean down."""
+
+from __future__ import annotations
+
+import glob
+import os
+import time
+
+import pytest
+
+from orchestrator.hostkeys import KnownHosts
+from orchestrator.transport import Connection
+
+from .conftest import TEST_LAB_DIR
+
+pytestmark = pytest.mark.lab
+
+
+def connect(inventory, name):
+    return Connection(inventory.hosts[name], KnownHosts(inventory.known_hosts_path))
+
+
+def test_hosts_are_isolated(inventory):
+    with connect(inventory, "ct129") as a, connect(inventory, "ct130") as b:
+        for path in ("/root/only-on-ct129", "/var/lib/sglfleet/only-on-ct129", "/tmp/only-on-ct129",
+                     "/etc/systemd/system/only-on-ct129.service", "/root/ml-env/only-on-ct129"):
+            assert a.run(f"echo x > {path}").ok
+            assert a.run(f"test -f {path}").ok
+            assert b.run(f"test -e {path}").exit_code == 1, f"{path} leaked to ct130"
+            assert not os.path.exists(path), f"{path} leaked to the real machine"
+        assert a.run("hostname").stdout == b"ct129\n" and b.run("hostname").stdout == b"ct130\n"
+        # own pid namespace: PID 1 is the host's init, and ct130's processes are not visible
+        assert b"hostinit.py" in a.run("cat /proc/1/cmdline").stdout
+        assert b"ct130" not in a.run("ps -eo args").stdout
+
+
+def test_lab_up_again_is_a_noop(lab):
+    before = {h.name: h.unshare_pid for h in lab.hosts()}
+    known = lab.known_hosts_path.read_text()
+    lab.up(len(before))
+    assert {h.name: h.unshare_pid for h in lab.hosts()} == before
+    assert lab.known_hosts_path.read_text() == known
+
+
+@pytest.mark.slow
+def test_kill_host_and_lab_down_leave_nothing(tmp_path):
+    from orchestrator.lab.manager import Lab
+
+    lab = Lab(state_dir=TEST_LAB_DIR.with_name("lab-down-test"), inventory_path=tmp_path / "lab.yaml",
+              subnet="127.0.3")
+    lab.down()
+    lab.up(2)
+    namespaces = {ns for h in ("ct129", "ct130") for ns in lab.namespaces(h).values()}
+    pids = [lab.init_pid(h) for h in lab.hosts()]
+    assert len(namespaces) == 6 and all(pids)
+
+    lab.kill_host("ct130")
+    status = {s.name: s for s in lab.status()}
+    assert status["ct129"].running and status["ct129"].sshd
+    assert not status["ct130"].running
+
+    lab.down()
+    time.sleep(0.2)
+    left = set()
+    for link in glob.glob("/proc/[0-9]*/ns/*"):
+        try:
+            if os.readlink(link) in namespaces:
+                left.add(link)
+        except OSError:
+            pass
+    assert not left, f"namespaces still in use: {sorted(left)[:5]}"
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    with open("/proc/self/mountinfo") as fh:
+        assert str(lab.state_dir) not in fh.read()
+    assert not lab.inventory_path.exists() and not lab.known_hosts_path.exists()
+    assert not (lab.state_dir / "hosts").exists()
+
+
+def test_state_dir_under_a_per_host_path_is_refused(tmp_path):
+    from orchestrator.errors import SglfleetError
+    from orchestrator.lab.manager import Lab
+
+    with pytest.raises(SglfleetError, match="every lab host replaces with its own copy"):
+        Lab(state_dir=tmp_path / "lab")

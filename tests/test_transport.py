@@ -1,0 +1,165 @@
+"""The SSH transport against real sshd lab hosts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+
+import pytest
+
+from orchestrator.errors import HostKeyError
+from orchestrator.hostkeys import KnownHosts
+from orchestrator.transport import Connection
+
+pytestmark = pytest.mark.lab
+
+
+def test_run_stdout_stderr_exit_code(conn):
+    result = conn.run("echo out; echo err >&2; exit 7")
+    assert (result.exit_code, result.stdout, result.stderr) == (7, b"out\n", b"err\n")
+    assert not result.ok and result.duration > 0
+    assert conn.run("true").ok
+
+
+def test_stdin_is_streamed_to_the_command(conn):
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    result = conn.run("sha256sum | cut -d' ' -f1", stdin=payload)
+    assert result.stdout.decode().strip() == hashlib.sha256(payload).hexdigest()
+    assert result.stdin_bytes == len(payload)
+
+
+def test_ten_megabytes_of_output_arrive_whole(conn):
+    # 10 MiB of random bytes on stdout and 10 MiB on stderr at the same time; the remote
+    # side reports the hashes of what it sent, so nothing is compared against itself.
+    script = ("head -c 10485760 /dev/urandom > /tmp/big.out; head -c 10485760 /dev/urandom > /tmp/big.err; "
+              "sha256sum /tmp/big.out /tmp/big.err >&2; cat /tmp/big.out; cat /tmp/big.err >&2")
+    result = conn.run(script)
+    assert result.ok
+    lines = result.stderr.split(b"\n", 2)
+    want_out, want_err = (line.split()[0].decode() for line in lines[:2])
+    assert len(result.stdout) == 10 * 1024 * 1024
+    assert hashlib.sha256(result.stdout).hexdigest() == want_out
+    assert hashlib.sha256(lines[2]).hexdigest() == want_err
+
+
+def test_timeout_kills_the_remote_command_tree(conn):
+    started = time.monotonic()
+    result = conn.run("sh -c 'sleep 300 & echo $! > /tmp/child.pid; wait'", timeout=1.0)
+    assert result.timed_out and result.exit_code is None and not result.ok
+    assert time.monotonic() - started < 15
+    pid = conn.run("cat /tmp/child.pid").stdout.decode().strip()
+    assert pid.isdigit()
+    deadline = time.monotonic() + 5
+    while conn.run(f"kill -0 {pid}").exit_code == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert conn.run(f"kill -0 {pid} 2>/dev/null").exit_code != 0, "the backgrounded sleep survived the timeout"
+
+
+def test_one_connection_is_reused(conn):
+    conn.run("true")
+    transport = conn.transport
+    for _ in range(5):
+        conn.run("true")
+    assert conn.transport is transport
+
+
+def test_tree_of_500_files_pushed_in_one_stream(conn, tmp_path):
+    src = tmp_path / "tree"
+    for i in range(500):
+        sub = src / f"d{i % 7}" / f"e{i % 3}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"f{i}.bin").write_bytes(os.urandom(i * 37 % 4096))
+    (src / "empty.txt").write_bytes(b"")
+    opened = []
+    real_open_session = conn.transport.open_session
+
+    def counting_open_session(*args, **kwargs):
+        opened.append(1)
+        return real_open_session(*args, **kwargs)
+
+    conn.transport.open_session = counting_open_session
+    try:
+        push = conn.put_tree(src, "/tmp/pushed")
+    finally:
+        conn.transport.open_session = real_open_session
+    assert push.result.ok, push.result.stderr_text
+    assert len(opened) == 1, "the tree must travel over ONE exec channel"
+    assert push.files == 501
+    local = sorted(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  ./{p.relative_to(src)}"
+                   for p in src.rglob("*") if p.is_file())
+    remote = conn.run("cd /tmp/pushed && find . -type f -exec sha256sum {} + | sort -k2")
+    assert sorted(remote.stdout.decode().splitlines()) == local
+
+
+def test_changed_host_key_is_refused_with_file_and_line(inventory, tmp_path):
+    host = inventory.hosts["ct130"]
+    other = inventory.hosts["ct131"]
+    # A known_hosts whose line 2 records ct131's key for ct130's address.
+    lines = open(inventory.known_hosts_path).read().splitlines()
+    by_address = {line.split()[0]: line for line in lines}
+    forged = by_address[other.address].replace(other.address, host.address, 1)
+    path = tmp_path / "known_hosts"
+    path.write_text(by_address[other.address] + "\n" + forged + "\n")
+    for policy in ("strict", "accept-new"):
+        with pytest.raises(HostKeyError) as info:
+            Connection(host, KnownHosts(path), policy).run("true")
+        assert "HOST KEY CHANGED" in str(info.value)
+        assert f"{path}:2" in str(info.value)
+    assert path.read_text().count(host.address) == 1, "a changed key must never be recorded"
+
+
+def test_unknown_key_strict_refuses_accept_new_records_once(inventory, tmp_path):
+    host = inventory.hosts["ct129"]
+    path = tmp_path / "known_hosts"
+    with pytest.raises(HostKeyError, match="unknown host key"):
+        Connection(host, KnownHosts(path), "strict").run("true")
+    assert not path.exists()
+    with Connection(host, KnownHosts(path), "accept-new") as c:
+        assert c.run("true").ok
+    recorded = path.read_text()
+    assert recorded.startswith(f"{host.address} ssh-ed25519 ") and recorded.count("\n") == 1
+    with Connection(host, KnownHosts(path), "strict") as c:  # now known: strict passes
+        assert c.run("hostname").stdout == b"ct129\n"
+    assert path.read_text() == recorded
+
+
+def test_unreachable_host_fails_with_clear_error(inventory):
+    from dataclasses import replace
+
+    from orchestrator.errors import ConnectError
+    nowhere = replace(inventory.hosts["ct129"], address="127.0.9.9")
+    with pytest.raises(ConnectError, match=r"cannot connect to root@127\.0\.9\.9:22 after 3 attempts"):
+        Connection(nowhere, KnownHosts(inventory.known_hosts_path)).run("true")
+
+
+def test_proxy_jump_through_another_lab_host(inventory):
+    from dataclasses import replace
+    target = replace(inventory.hosts["ct130"], proxy_jump="ct129")
+    with Connection(target, KnownHosts(inventory.known_hosts_path), jump_host=inventory.hosts["ct129"]) as c:
+        assert c.run("hostname").stdout == b"ct130\n"
+
+
+def test_latency_proxy_adds_delay(inventory, lab):
+    from dataclasses import replace
+
+    from orchestrator.hostkeys import known_hosts_name
+    from orchestrator.lab.proxy import LatencyProxy
+    host = inventory.hosts["ct129"]
+    proxy = LatencyProxy((host.address, 22), delay_ms=100).start()
+    try:
+        known = KnownHosts(inventory.known_hosts_path + ".proxy")
+        shutil.copyfile(inventory.known_hosts_path, known.path)
+        pub = (lab.host_dir("ct129") / "ssh_host_ed25519_key.pub").read_text().split()
+        with open(known.path, "a") as fh:
+            fh.write(f"{known_hosts_name(*proxy.address)} {pub[0]} {pub[1]}\n")
+        slow = replace(host, address=proxy.address[0], port=proxy.address[1])
+        with Connection(slow, known) as c:
+            c.run("true")
+            started = time.monotonic()
+            assert c.run("hostname").stdout == b"ct129\n"
+            # one command is at least one round trip: >= 2 x 100 ms with the proxy
+            assert time.monotonic() - started >= 0.2
+    finally:
+        proxy.stop()
