@@ -1,0 +1,183 @@
+// Torch bindings for the DDTree ops: checks shapes and dtypes, allocates outputs, dispatches to
+// the CPU implementation or (when built WITH_CUDA) the CUDA launchers on the current stream.
+#include <torch/extension.h>
+#ifdef WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include "ddtree.h"
+
+namespace {
+
+void check_cuda(int err, const char* what) {
+#ifdef WITH_CUDA
+  TORCH_CHECK(err == 0, what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+#else
+  (void)err;
+  (void)what;
+#endif
+}
+
+void* stream_of(const at::Tensor& t) {
+#ifdef WITH_CUDA
+  return at::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  (void)t;
+  TORCH_CHECK(false, "ddtree: this build has no CUDA support");
+  return nullptr;
+#endif
+}
+
+#ifndef WITH_CUDA
+#define DDTREE_NO_CUDA(t) TORCH_CHECK(!(t).is_cuda(), "ddtree: built without CUDA; got a CUDA tensor")
+#else
+#define DDTREE_NO_CUDA(t)
+#endif
+
+std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
+  TORCH_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
+  DDTREE_NO_CUDA(logits);
+  const int64_t bs = logits.size(0), depth = logits.size(1), vocab = logits.size(2);
+  TORCH_CHECK(k >= 1 && k <= vocab && k <= ddtree::kMaxTopK, "k must be in [1, min(V, 1024)], got ", k);
+  TORCH_CHECK(vocab < (int64_t(1) << 32), "vocab too large");
+  auto opts = logits.options();
+  auto ids = at::empty({bs, depth, k}, opts.dtype(at::kLong));
+  auto lp = at::empty({bs, depth, k}, opts.dtype(at::kFloat));
+  auto lse = at::empty({bs, depth}, opts.dtype(at::kFloat));
+  auto x = logits.contiguous();
+  if (x.is_cuda()) {
+    ddtree::DType dt;
+    if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
+    else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
+    else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
+    else TORCH_CHECK(false, "logits must be float32, float16 or bfloat16");
+    check_cuda(ddtree::topk_lse_cuda(x.data_ptr(), dt, bs * depth, vocab, int(k), ids.data_ptr<int64_t>(),
+                                     lp.data_ptr<float>(), lse.data_ptr<float>(), stream_of(x)),
+               "topk_lse");
+  } else {
+    auto xf = x.to(at::kFloat).contiguous();  // exact for fp16/bf16
+    ddtree::topk_lse_cpu(xf.data_ptr<float>(), bs * depth, vocab, int(k), ids.data_ptr<int64_t>(),
+                         lp.data_ptr<float>(), lse.data_ptr<float>());
+  }
+  return {ids, lp, lse};
+}
+
+std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logprobs, int64_t budget) {
+  TORCH_CHECK(ids.dim() == 3 && logprobs.sizes() == ids.sizes(), "ids and logprobs must be [bs, L, K]");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && logprobs.scalar_type() == at::kFloat, "ids int64, logprobs float32");
+  TORCH_CHECK(ids.device() == logprobs.device(), "ids and logprobs on one device");
+  DDTREE_NO_CUDA(ids);
+  const int64_t bs = ids.size(0), depth = ids.size(1), k = ids.size(2);
+  TORCH_CHECK(depth <= ddtree::kMaxDepth, "depth L must be <= ", ddtree::kMaxDepth, ", got ", depth);
+  TORCH_CHECK(k <= ddtree::kMaxTopK, "K must be <= ", ddtree::kMaxTopK);
+  TORCH_CHECK(budget >= 1 && budget <= ddtree::kMaxBudget, "budget must be in [1, 1024], got ", budget);
+  auto i32 = ids.options().dtype(at::kInt);
+  auto num_nodes = at::empty({bs}, i32);
+  auto tokens = at::empty({bs, budget}, ids.options());
+  auto depths = at::empty({bs, budget}, i32);
+  auto ranks = at::empty({bs, budget}, i32);
+  auto parents = at::empty({bs, budget + 1}, i32);
+  auto first_child = at::empty({bs, budget + 1}, i32);
+  auto next_sibling = at::empty({bs, budget + 1}, i32);
+  auto id = ids.contiguous();
+  auto lp = logprobs.contiguous();
+  if (id.is_cuda()) {
+    check_cuda(ddtree::build_tree_cuda(id.data_ptr<int64_t>(), lp.data_ptr<float>(), int(bs), int(depth), int(k),
+                                       int(budget), num_nodes.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(),
+                                       depths.data_ptr<int32_t>(), ranks.data_ptr<int32_t>(),
+                                       parents.data_ptr<int32_t>(), first_child.data_ptr<int32_t>(),
+                                       next_sibling.data_ptr<int32_t>(), stream_of(id)),
+               "build_tree");
+  } else {
+    ddtree::build_tree_cpu(id.data_ptr<int64_t>(), lp.data_ptr<float>(), int(bs), int(depth), int(k), int(budget),
+                           num_nodes.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(), depths.data_ptr<int32_t>(),
+                           ranks.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), first_child.data_ptr<int32_t>(),
+                           next_sibling.data_ptr<int32_t>());
+  }
+  return {num_nodes, tokens, depths, ranks, parents, first_child, next_sibling};
+}
+
+std::vector<at::Tensor> build_mask(const at::Tensor& parents, const at::Tensor& num_nodes) {
+  TORCH_CHECK(parents.dim() == 2 && parents.scalar_type() == at::kInt, "parents must be int32 [bs, B+1]");
+  DDTREE_NO_CUDA(parents);
+  const int64_t bs = parents.size(0), side = parents.size(1), words = (side + 31) / 32;
+  auto vis = at::empty({bs, side, side}, parents.options().dtype(at::kBool));
+  auto packed = at::empty({bs, side, words}, parents.options().dtype(at::kInt));
+  auto par = parents.contiguous();
+  auto nn = num_nodes.contiguous();
+  if (par.is_cuda()) {
+    check_cuda(ddtree::build_mask_cuda(par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), int(bs), int(side - 1),
+                                       vis.data_ptr<bool>(), reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>()),
+                                       stream_of(par)),
+               "build_mask");
+  } else {
+    ddtree::build_mask_cpu(par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), int(bs), int(side - 1),
+                           vis.data_ptr<bool>(), reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>()));
+  }
+  return {vis, packed};
+}
+
+std::vector<at::Tensor> verify(const at::Tensor& posterior, const at::Tensor& tokens, const at::Tensor& parents,
+                               const at::Tensor& num_nodes, int64_t max_accept) {
+  TORCH_CHECK(posterior.dim() == 2 && posterior.scalar_type() == at::kLong, "posterior must be int64 [bs, B+1]");
+  DDTREE_NO_CUDA(posterior);
+  const int64_t bs = posterior.size(0), budget = posterior.size(1) - 1;
+  TORCH_CHECK(tokens.size(1) == budget && parents.size(1) == budget + 1, "tokens [bs, B], parents [bs, B+1]");
+  TORCH_CHECK(max_accept >= 1, "max_accept >= 1");
+  auto accepted = at::empty({bs, max_accept}, parents.options());
+  auto accept_len = at::empty({bs}, parents.options());
+  auto bonus = at::empty({bs}, posterior.options());
+  auto post = posterior.contiguous();
+  auto tok = tokens.contiguous();
+  auto par = parents.contiguous();
+  auto nn = num_nodes.contiguous();
+  if (post.is_cuda()) {
+    check_cuda(ddtree::verify_cuda(post.data_ptr<int64_t>(), tok.data_ptr<int64_t>(), par.data_ptr<int32_t>(),
+                                   nn.data_ptr<int32_t>(), int(bs), int(budget), int(max_accept),
+                                   accepted.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(),
+                                   bonus.data_ptr<int64_t>(), stream_of(post)),
+               "verify");
+  } else {
+    ddtree::verify_cpu(post.data_ptr<int64_t>(), tok.data_ptr<int64_t>(), par.data_ptr<int32_t>(),
+                       nn.data_ptr<int32_t>(), int(bs), int(budget), int(max_accept), accepted.data_ptr<int32_t>(),
+                       accept_len.data_ptr<int32_t>(), bonus.data_ptr<int64_t>());
+  }
+  return {accepted, accept_len, bonus};
+}
+
+void compact_kv(at::Tensor& cache, const at::Tensor& slot_base, const at::Tensor& accepted,
+                const at::Tensor& accept_len) {
+  TORCH_CHECK(cache.is_contiguous(), "cache must be contiguous [slots, ...]");
+  DDTREE_NO_CUDA(cache);
+  const int64_t row_bytes = cache.numel() / cache.size(0) * cache.element_size();
+  auto base = slot_base.contiguous();
+  auto acc = accepted.contiguous();
+  auto len = accept_len.contiguous();
+  const int bs = int(acc.size(0)), max_accept = int(acc.size(1));
+  auto* raw = static_cast<uint8_t*>(cache.data_ptr());
+  if (cache.is_cuda()) {
+    check_cuda(ddtree::compact_kv_cuda(raw, row_bytes, base.data_ptr<int64_t>(), acc.data_ptr<int32_t>(),
+                                       len.data_ptr<int32_t>(), bs, max_accept, stream_of(cache)),
+               "compact_kv");
+  } else {
+    ddtree::compact_kv_cpu(raw, row_bytes, base.data_ptr<int64_t>(), acc.data_ptr<int32_t>(),
+                           len.data_ptr<int32_t>(), bs, max_accept);
+  }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "DDTree ops: top-K + logsumexp, best-first tree build, visibility mask, verify walk, KV compaction";
+  m.def("topk_lse", &topk_lse, "logits [bs,L,V], k -> ids [bs,L,K], logprobs [bs,L,K], lse [bs,L]");
+  m.def("build_tree", &build_tree,
+        "ids, logprobs [bs,L,K], budget -> num_nodes, tokens, depths, ranks, parents, first_child, next_sibling");
+  m.def("build_mask", &build_mask, "parents [bs,B+1], num_nodes -> vis bool [bs,B+1,B+1], vis_packed [bs,B+1,W]");
+  m.def("verify", &verify, "posterior, tokens, parents, num_nodes, max_accept -> accepted, accept_len, bonus");
+  m.def("compact_kv", &compact_kv, "cache [slots,...], slot_base, accepted, accept_len (in place)");
+#ifdef WITH_CUDA
+  m.attr("with_cuda") = true;
+#else
+  m.attr("with_cuda") = false;
+#endif
+}

@@ -1,0 +1,35 @@
+"""One call per DDTree step on top of the raw extension ops (all batched, graph-safe on CUDA)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TreeBatch:
+    num_nodes: torch.Tensor     # [bs] int32
+    tokens: torch.Tensor        # [bs, B] int64, node i at i-1, -1 padding
+    depths: torch.Tensor        # [bs, B] int32
+    ranks: torch.Tensor         # [bs, B] int32
+    parents: torch.Tensor       # [bs, B+1] int32, parents[:, 0] = -1
+    first_child: torch.Tensor   # [bs, B+1] int32, -1 = none
+    next_sibling: torch.Tensor  # [bs, B+1] int32, -1 = none
+    vis: torch.Tensor | None = None         # [bs, B+1, B+1] bool
+    vis_packed: torch.Tensor | None = None  # [bs, B+1, ceil((B+1)/32)] int32 bit-packed
+
+
+def draft_tree(ext, logits: torch.Tensor, budget: int, topk_cap: int | None = None, mask: bool = True) -> TreeBatch:
+    """Draft logits [bs, L, V] -> the DDTree of each request (top-K + logsumexp, build, mask)."""
+    k = min(budget, logits.shape[-1], topk_cap or budget)
+    ids, logprobs, _ = ext.topk_lse(logits, k)
+    tree = TreeBatch(*ext.build_tree(ids, logprobs, budget))
+    if mask:
+        tree.vis, tree.vis_packed = ext.build_mask(tree.parents, tree.num_nodes)
+    return tree
+
+
+def verify(ext, tree: TreeBatch, posterior: torch.Tensor, max_accept: int):
+    """Target greedy tokens per node [bs, B+1] -> accepted [bs, M], accept_len [bs], bonus [bs]."""
+    return ext.verify(posterior, tree.tokens, tree.parents, tree.num_nodes, max_accept)
