@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstdlib>
 #include <cstdint>
 
 #include "ddtree.h"
@@ -131,11 +132,13 @@ __device__ void select_bin(TopkShared& sh, int shift, int bins) {
   }
 }
 
+// `variant` is a profiling knob (env DDTREE_TOPK_VARIANT; 0 in normal use) that skips stages so
+// their cost can be timed by difference: 1 plain atomics, 2 no exp, 4 no refinement, 8 no gather.
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_lse_kernel(const T* __restrict__ logits, int64_t vocab, int k,
                                                                 int64_t* __restrict__ out_ids,
                                                                 float* __restrict__ out_lp,
-                                                                float* __restrict__ out_lse) {
+                                                                float* __restrict__ out_lse, int variant) {
   using Traits = KeyTraits<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TopkShared& sh = *reinterpret_cast<TopkShared*>(smem_raw);
@@ -158,16 +161,22 @@ __global__ void __launch_bounds__(kTopkThreads) topk_lse_kernel(const T* __restr
   float m = -INFINITY, s = 0.f;
   for_each_in_row(x, vocab, [&](int64_t, T raw) {
     const float v = Traits::to_float(raw);
-    if (v > m) {
+    if (variant & 2) {
+      m = fmaxf(m, v);
+    } else if (v > m) {
       s = s * __expf(m - v) + 1.f;
       m = v;
     } else if (v != -INFINITY) {
       s += __expf(v - m);
     }
     const uint32_t bin = Traits::key(raw) >> shift0;
-    // Warp-aggregated atomics: logits crowd into few bins, so lanes with the same bin add once.
-    const unsigned peers = __match_any_sync(__activemask(), bin);
-    if (lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
+    if (variant & 1) {
+      atomicAdd(&sh.hist[bin], 1u);
+    } else {
+      // Warp-aggregated atomics: logits crowd into few bins, so lanes with the same bin add once.
+      const unsigned peers = __match_any_sync(__activemask(), bin);
+      if (lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
+    }
   });
   // Block-wide (max, sum) merge.
 #pragma unroll
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_lse_kernel(const T* __restr
   __syncthreads();
 
   // Refinement passes over the lower key bits, only for keys matching the prefix so far.
-  for (int shift = shift0; shift > 0;) {
+  for (int shift = (variant & 4) ? 0 : shift0; shift > 0;) {
     const int bits = shift >= kRadixBits ? kRadixBits : shift;
     shift -= bits;
     const int bins = 1 << bits;
@@ -217,7 +226,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_lse_kernel(const T* __restr
   // Gather: keys > threshold in any order; keys == threshold in index order, the first take_equal.
   constexpr int kItems = 16 / sizeof(T);
   const int64_t tile = int64_t(blockDim.x) * kItems;
-  for (int64_t base = 0; base < vocab; base += tile) {
+  for (int64_t base = 0; base < ((variant & 8) ? 0 : vocab); base += tile) {
     const int64_t first = base + int64_t(threadIdx.x) * kItems;
     uint32_t keys[kItems];
     int n_eq = 0;
@@ -288,23 +297,34 @@ int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t*
   auto kernel = topk_lse_kernel<T>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
+  static const int variant = getenv("DDTREE_TOPK_VARIANT") ? atoi(getenv("DDTREE_TOPK_VARIANT")) : 0;
   kernel<<<dim3(unsigned(rows)), kTopkThreads, smem, stream>>>(static_cast<const T*>(logits), vocab, k, ids, lp,
-                                                                lse);
+                                                                lse, variant);
   return cudaGetLastError();
 }
 
 // ------------------------------------------------------------------ best-first tree build
 //
-// One warp per request. The frontier (at most pops + 1 entries) is a dense array in shared
-// memory; each pop is a warp-wide argmax by (score desc, rank tuple asc), then lane 0 emits the
-// node and replaces the popped entry by its next sibling and appends its first child. Score
-// arithmetic is the reference's, in fp32, in the same order.
+// One warp per request. Everything a pop touches is in shared memory: the request's log-probs
+// [L, K] (staged once, coalesced) and the frontier (at most pops + 1 entries) as arrays of
+// scores, rank keys and packed metadata. Each pop is a warp-wide argmax by (score desc, rank
+// tuple asc); then lane 0 emits the node and replaces the popped entry by its next sibling and
+// appends its first child. No global load sits on the per-pop path: token ids are written at
+// the end, in parallel. Score arithmetic is the reference's, in fp32, in the same order.
 
-struct Frontier {
-  float score;
-  int32_t parent, depth, rank, prev_sibling;
-  RankKey key;
+struct BuildSmem {  // per warp; arrays carved from dynamic shared memory
+  float* lp;        // [L * K]
+  float* score;     // [B + 1]
+  RankKey* key;     // [B + 1]
+  int4* meta;       // [B + 1]: parent, depth, rank, prev_sibling
+  int2* node;       // [B]: depth, rank of node i+1
 };
+
+__host__ __device__ inline size_t build_smem_per_warp(int depth_limit, int k, int budget) {
+  size_t bytes = size_t(depth_limit) * k * sizeof(float);
+  bytes = (bytes + 15) / 16 * 16 + size_t(budget + 1) * (sizeof(RankKey) + sizeof(int4) + sizeof(float));
+  return (bytes + size_t(budget) * sizeof(int2) + 15) / 16 * 16;
+}
 
 constexpr int kBuildWarps = 4;
 
@@ -321,64 +341,71 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x * (blockDim.x >> 5) + warp;
   if (b >= bs) return;
-  Frontier* front = reinterpret_cast<Frontier*>(smem_raw) + size_t(warp) * (budget + 1);
-  const float* lp = logprobs + int64_t(b) * depth_limit * k;
-  const int64_t* id = ids + int64_t(b) * depth_limit * k;
-  int64_t* tok = tokens + int64_t(b) * budget;
-  int32_t* dep = depths + int64_t(b) * budget;
-  int32_t* rk = ranks + int64_t(b) * budget;
+  unsigned char* base = smem_raw + size_t(warp) * build_smem_per_warp(depth_limit, k, budget);
+  BuildSmem sm;
+  sm.lp = reinterpret_cast<float*>(base);
+  size_t off = (size_t(depth_limit) * k * sizeof(float) + 15) / 16 * 16;
+  sm.key = reinterpret_cast<RankKey*>(base + off);
+  off += size_t(budget + 1) * sizeof(RankKey);
+  sm.meta = reinterpret_cast<int4*>(base + off);
+  off += size_t(budget + 1) * sizeof(int4);
+  sm.score = reinterpret_cast<float*>(base + off);
+  off += size_t(budget + 1) * sizeof(float);
+  sm.node = reinterpret_cast<int2*>(base + off);
+
+  const float* lp_g = logprobs + int64_t(b) * depth_limit * k;
+  for (int i = lane; i < depth_limit * k; i += 32) sm.lp[i] = lp_g[i];
   int32_t* par = parents + int64_t(b) * (budget + 1);
   int32_t* fc = first_child + int64_t(b) * (budget + 1);
   int32_t* ns = next_sibling + int64_t(b) * (budget + 1);
-  for (int i = lane; i <= budget; i += 32) {
-    par[i] = -1; fc[i] = -1; ns[i] = -1;
-    if (i < budget) { tok[i] = -1; dep[i] = 0; rk[i] = -1; }
+  for (int i = lane; i <= budget; i += 32) { par[i] = -1; fc[i] = -1; ns[i] = -1; }
+  const bool any = budget > 0 && k > 0 && depth_limit > 0;
+  if (any && lane == 0) {
+    sm.score[0] = lp_g[0];
+    sm.key[0] = rank_key_with(RankKey{{0, 0, 0}}, 0, 0);
+    sm.meta[0] = make_int4(0, 1, 0, -1);
   }
-  int size = 0;
-  if (budget > 0 && k > 0 && depth_limit > 0 && lane == 0) {
-    front[0] = Frontier{__ldg(lp), 0, 1, 0, -1, rank_key_with(RankKey{{0, 0, 0}}, 0, 0)};
-  }
-  if (budget > 0 && k > 0 && depth_limit > 0) size = 1;
+  int size = any ? 1 : 0;
   __syncwarp();
   int n = 0;
   while (size > 0 && n < budget) {
-    // Lane-local best over a strided slice, then a shuffle reduction on (score, slot).
     float best_s = -INFINITY;
     int best_i = -1;
     for (int i = lane; i < size; i += 32) {
-      const float si = front[i].score;
-      if (best_i < 0 || better(si, front[i].key, best_s, front[best_i].key)) { best_s = si; best_i = i; }
+      const float si = sm.score[i];
+      if (best_i < 0 || better(si, sm.key[i], best_s, sm.key[best_i])) { best_s = si; best_i = i; }
     }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float os = __shfl_xor_sync(0xffffffffu, best_s, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
-      if (oi >= 0 && (best_i < 0 || better(os, front[oi].key, best_s, front[best_i].key) ||
-                      (os == best_s && oi == best_i))) {
-        best_s = os; best_i = oi;
-      }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float os = __shfl_xor_sync(0xffffffffu, best_s, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+      if (oi >= 0 && (best_i < 0 || better(os, sm.key[oi], best_s, sm.key[best_i]))) { best_s = os; best_i = oi; }
     }
-    const int w = __shfl_sync(0xffffffffu, best_i, 0);
     if (lane == 0) {
-      const Frontier e = front[w];
+      const int w = best_i;
+      const float s = sm.score[w];
+      const RankKey key = sm.key[w];
+      const int4 m = sm.meta[w];  // parent, depth, rank, prev_sibling
       const int node = n + 1;
-      tok[node - 1] = __ldg(id + (e.depth - 1) * k + e.rank);
-      dep[node - 1] = e.depth;
-      rk[node - 1] = e.rank;
-      par[node] = e.parent;
-      if (e.rank == 0) fc[e.parent] = node; else ns[e.prev_sibling] = node;
-      const float* row = lp + (e.depth - 1) * k;
+      sm.node[n] = make_int2(m.y, m.z);
+      par[node] = m.x;
+      if (m.z == 0) fc[m.x] = node; else ns[m.w] = node;
+      const float* row = sm.lp + (m.y - 1) * k;
       int new_size = size;
-      if (e.rank + 1 < k) {
-        const float s = __fadd_rn(__fsub_rn(e.score, row[e.rank]), row[e.rank + 1]);
-        front[w] = Frontier{s, e.parent, e.depth, e.rank + 1, node, rank_key_with(e.key, e.depth - 1, e.rank + 1)};
+      if (m.z + 1 < k) {
+        sm.score[w] = __fadd_rn(__fsub_rn(s, row[m.z]), row[m.z + 1]);
+        sm.key[w] = rank_key_with(key, m.y - 1, m.z + 1);
+        sm.meta[w] = make_int4(m.x, m.y, m.z + 1, node);
       } else {
-        front[w] = front[new_size - 1];
         --new_size;
+        sm.score[w] = sm.score[new_size];
+        sm.key[w] = sm.key[new_size];
+        sm.meta[w] = sm.meta[new_size];
       }
-      if (e.depth < depth_limit) {
-        const float s = __fadd_rn(e.score, lp[e.depth * k]);
-        front[new_size] = Frontier{s, node, e.depth + 1, 0, -1, rank_key_with(e.key, e.depth, 0)};
+      if (m.y < depth_limit) {
+        sm.score[new_size] = __fadd_rn(s, sm.lp[m.y * k]);
+        sm.key[new_size] = rank_key_with(key, m.y, 0);
+        sm.meta[new_size] = make_int4(node, m.y + 1, 0, -1);
         ++new_size;
       }
       size = new_size;
@@ -386,6 +413,21 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
     size = __shfl_sync(0xffffffffu, size, 0);
     ++n;
     __syncwarp();
+  }
+  // Node outputs, in parallel; the token ids are read from global only now.
+  const int64_t* id = ids + int64_t(b) * depth_limit * k;
+  int64_t* tok = tokens + int64_t(b) * budget;
+  int32_t* dep = depths + int64_t(b) * budget;
+  int32_t* rk = ranks + int64_t(b) * budget;
+  for (int i = lane; i < budget; i += 32) {
+    if (i < n) {
+      const int2 dr = sm.node[i];
+      tok[i] = id[(dr.x - 1) * k + dr.y];
+      dep[i] = dr.x;
+      rk[i] = dr.y;
+    } else {
+      tok[i] = -1; dep[i] = 0; rk[i] = -1;
+    }
   }
   if (lane == 0) num_nodes[b] = n;
 }
@@ -487,8 +529,9 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream) {
   if (bs == 0) return cudaSuccess;
-  const int warps = budget <= 256 ? kBuildWarps : 1;
-  const size_t smem = size_t(warps) * (budget + 1) * sizeof(Frontier);
+  const size_t per_warp = build_smem_per_warp(depth_limit, k, budget);
+  const int warps = per_warp * kBuildWarps <= 100 * 1024 ? kBuildWarps : 1;
+  const size_t smem = size_t(warps) * per_warp;
   cudaError_t err = cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
   build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
