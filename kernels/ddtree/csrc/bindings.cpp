@@ -51,8 +51,10 @@ std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
     else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
     else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
     else TORCH_CHECK(false, "logits must be float32, float16 or bfloat16");
+    // Workspace from the caching allocator: graph-safe, no cudaMalloc per call.
+    auto ws = at::empty({ddtree::topk_workspace_bytes(dt, bs * depth, vocab, int(k))}, opts.dtype(at::kByte));
     check_cuda(ddtree::topk_lse_cuda(x.data_ptr(), dt, bs * depth, vocab, int(k), ids.data_ptr<int64_t>(),
-                                     lp.data_ptr<float>(), lse.data_ptr<float>(), stream_of(x)),
+                                     lp.data_ptr<float>(), lse.data_ptr<float>(), ws.data_ptr(), stream_of(x)),
                "topk_lse");
   } else {
     auto xf = x.to(at::kFloat).contiguous();  // exact for fp16/bf16

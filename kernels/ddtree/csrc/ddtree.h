@@ -61,8 +61,10 @@ void compact_kv_cpu(uint8_t* cache, int64_t row_bytes, const int64_t* slot_base,
                     const int32_t* accept_len, int bs, int max_accept);
 
 // ---- CUDA (ddtree_cuda.cu); `stream` is a cudaStream_t. Return a cudaError_t as int.
+// Workspace (device bytes) the top-K needs for the chunks' candidates and logsumexp partials.
+int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k);
 int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, int k, int64_t* ids,
-                  float* logprobs, float* lse, void* stream);
+                  float* logprobs, float* lse, void* workspace, void* stream);
 int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream);

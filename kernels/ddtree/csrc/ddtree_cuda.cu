@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
-#include <cstdlib>
 #include <cstdint>
 
 #include "ddtree.h"
@@ -15,18 +14,31 @@
 namespace ddtree {
 namespace {
 
+inline int next_pow2_host(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
 // ------------------------------------------------------------------ top-K + logsumexp
 //
-// One CTA per (request, depth) row. The K largest values are found by an exact radix select on
-// order-preserving integer keys (16-bit keys for fp16/bf16, 32-bit for fp32): pass 0 reads the
-// row once for the online logsumexp AND the histogram of the top 11 key bits; later passes refine
-// the threshold digit by digit (re-reads hit L2); a gather pass collects the keys above the
-// threshold and, in index order, the first ones equal to it (ties go to the lower token id); a
-// bitonic sort in shared memory orders the K winners by (value desc, id asc).
+// Two kernels. topk_chunk_kernel: each CTA stages one chunk of a row (<= 64 KB) in shared memory
+// (HBM is read once), computes the chunk's max and sum of exp, and its exact top-K:
+//   * lower bound: tau = the K-th largest of the per-thread maxima. They are K distinct elements
+//     of the chunk, so at least K elements are >= tau, and for real logits few more than K are;
+//   * candidates (key >= tau) are appended with a shared atomic counter and bitonic-sorted by
+//     (value desc, index asc), the reference's order, ties included;
+//   * when ties flood the candidate buffer (flat logits), an exact radix select over the staged
+//     chunk takes over: histogram passes on order-preserving keys, then an index-ordered gather.
+// topk_merge_kernel: one CTA per row merges the chunks' sorted lists and logsumexp partials.
+// Chunks give bs=1 enough CTAs to fill the GPU; rows give large batches theirs.
 
 constexpr int kTopkThreads = 1024;
 constexpr int kRadixBits = 11;
 constexpr int kBins = 1 << kRadixBits;
+constexpr int kCandCap = 4096;
+constexpr int kChunkBytes = 64 * 1024;
+constexpr int kMergeMax = 16384;
 
 template <typename T> struct KeyTraits;
 template <> struct KeyTraits<float> {
@@ -39,7 +51,6 @@ template <> struct KeyTraits<float> {
     const uint32_t u = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
     return __uint_as_float(u);
   }
-  __device__ static float to_float(float v) { return v; }
 };
 template <> struct KeyTraits<__nv_bfloat16> {
   static constexpr int kBits = 16;
@@ -51,7 +62,6 @@ template <> struct KeyTraits<__nv_bfloat16> {
     const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
     return __bfloat162float(__ushort_as_bfloat16(u));
   }
-  __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 template <> struct KeyTraits<__half> {
   static constexpr int kBits = 16;
@@ -63,51 +73,30 @@ template <> struct KeyTraits<__half> {
     const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
     return __half2float(__ushort_as_half(u));
   }
-  __device__ static float to_float(__half v) { return __half2float(v); }
 };
 
-// Calls f(index, value) for the row, 16-byte vector loads when the row is aligned for them.
-template <typename T, typename F>
-__device__ __forceinline__ void for_each_in_row(const T* __restrict__ x, int64_t vocab, F&& f) {
-  constexpr int kVec = 16 / sizeof(T);
-  const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0);
-  int64_t done = 0;
-  if (aligned) {
-    const int64_t nvec = vocab / kVec;
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) {
-      uint4 raw = __ldg(xv + i);
-      const T* vals = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) f(i * kVec + j, vals[j]);
-    }
-    done = nvec * kVec;
-  }
-  for (int64_t i = done + threadIdx.x; i < vocab; i += blockDim.x) f(i, x[i]);
+__device__ __forceinline__ unsigned long long composite(uint32_t key, int64_t index) {
+  return (uint64_t(~key) << 32) | uint64_t(index);  // ascending = key desc, then index asc
 }
 
-struct TopkShared {
-  uint32_t hist[kBins];
-  unsigned long long cand[kMaxTopK];
-  float red_m[32], red_s[32];
+struct ChunkShared {
+  unsigned long long cand[kCandCap];  // candidates; the radix fallback uses it as hist + output
+  uint32_t tmax[kTopkThreads];
+  float red[32];
+  uint32_t redk[32];
   uint32_t prefix, prefix_mask;
-  int remaining;  // how many keys equal to the threshold still to take
-  int n_greater;
-  int eq_taken;
-  float lse;
+  int remaining, count, n_greater, eq_taken;
   typename cub::BlockScan<int, kTopkThreads>::TempStorage scan;
 };
 
 // Warp 0 finds the bin holding the `remaining`-th largest key; updates prefix and remaining.
-__device__ void select_bin(TopkShared& sh, int shift, int bins) {
+__device__ void select_bin(const uint32_t* hist, ChunkShared& sh, int shift, int bins) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
   const int per_lane = bins / 32;
-  // Lane l owns bins [l*per_lane, (l+1)*per_lane); count from the top bin down.
   int total = 0;
-  for (int j = 0; j < per_lane; ++j) total += sh.hist[lane * per_lane + j];
-  // suffix sum over lanes: above[l] = sum of totals of lanes > l
-  int incl = total;
+  for (int j = 0; j < per_lane; ++j) total += hist[lane * per_lane + j];
+  int incl = total;  // suffix sum over lanes: counts of this lane's bins and all above
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const int other = __shfl_down_sync(0xffffffffu, incl, off);
@@ -115,12 +104,11 @@ __device__ void select_bin(TopkShared& sh, int shift, int bins) {
   }
   const int above = incl - total;
   const int need = sh.remaining;
-  const bool mine = above < need && need <= incl;
-  if (mine) {
+  if (above < need && need <= incl) {
     int acc = above;
     for (int j = per_lane - 1; j >= 0; --j) {
       const int bin = lane * per_lane + j;
-      const int c = sh.hist[bin];
+      const int c = hist[bin];
       if (acc + c >= need) {
         sh.prefix |= uint32_t(bin) << shift;
         sh.prefix_mask |= uint32_t(bins - 1) << shift;
@@ -132,174 +120,257 @@ __device__ void select_bin(TopkShared& sh, int shift, int bins) {
   }
 }
 
-// `variant` is a profiling knob (env DDTREE_TOPK_VARIANT; 0 in normal use) that skips stages so
-// their cost can be timed by difference: 1 plain atomics, 2 no exp, 4 no refinement, 8 no gather.
-template <typename T>
-__global__ void __launch_bounds__(kTopkThreads) topk_lse_kernel(const T* __restrict__ logits, int64_t vocab, int k,
-                                                                int64_t* __restrict__ out_ids,
-                                                                float* __restrict__ out_lp,
-                                                                float* __restrict__ out_lse, int variant) {
-  using Traits = KeyTraits<T>;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  TopkShared& sh = *reinterpret_cast<TopkShared*>(smem_raw);
-  const int64_t row = blockIdx.x;
-  const T* x = logits + row * vocab;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) sh.hist[i] = 0;
-  if (threadIdx.x == 0) {
-    sh.prefix = 0;
-    sh.prefix_mask = 0;
-    sh.remaining = k;
-    sh.n_greater = 0;
-    sh.eq_taken = 0;
-  }
-  __syncthreads();
-
-  // Pass 0: online logsumexp + histogram of the top kRadixBits key bits.
-  const int shift0 = Traits::kBits - kRadixBits;
-  float m = -INFINITY, s = 0.f;
-  for_each_in_row(x, vocab, [&](int64_t, T raw) {
-    const float v = Traits::to_float(raw);
-    if (variant & 2) {
-      m = fmaxf(m, v);
-    } else if (v > m) {
-      s = s * __expf(m - v) + 1.f;
-      m = v;
-    } else if (v != -INFINITY) {
-      s += __expf(v - m);
-    }
-    const uint32_t bin = Traits::key(raw) >> shift0;
-    if (variant & 1) {
-      atomicAdd(&sh.hist[bin], 1u);
-    } else {
-      // Warp-aggregated atomics: logits crowd into few bins, so lanes with the same bin add once.
-      const unsigned peers = __match_any_sync(__activemask(), bin);
-      if (lane == __ffs(peers) - 1) atomicAdd(&sh.hist[bin], __popc(peers));
-    }
-  });
-  // Block-wide (max, sum) merge.
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float om = __shfl_xor_sync(0xffffffffu, m, off), os = __shfl_xor_sync(0xffffffffu, s, off);
-    const float nm = fmaxf(m, om);
-    s = (nm == -INFINITY) ? 0.f : s * __expf(m - nm) + os * __expf(om - nm);
-    m = nm;
-  }
-  if (lane == 0) { sh.red_m[warp] = m; sh.red_s[warp] = s; }
-  __syncthreads();
-  if (warp == 0) {
-    const int nwarps = blockDim.x / 32;
-    m = lane < nwarps ? sh.red_m[lane] : -INFINITY;
-    s = lane < nwarps ? sh.red_s[lane] : 0.f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float om = __shfl_xor_sync(0xffffffffu, m, off), os = __shfl_xor_sync(0xffffffffu, s, off);
-      const float nm = fmaxf(m, om);
-      s = (nm == -INFINITY) ? 0.f : s * __expf(m - nm) + os * __expf(om - nm);
-      m = nm;
-    }
-    if (lane == 0) sh.lse = (m == -INFINITY) ? m : m + logf(s);
-  }
-  select_bin(sh, shift0, kBins);
-  __syncthreads();
-
-  // Refinement passes over the lower key bits, only for keys matching the prefix so far.
-  for (int shift = (variant & 4) ? 0 : shift0; shift > 0;) {
+// Exact K-th largest key of `keys[0..n)` (any memory), radix select; all threads call it.
+template <int kBits, typename KeyAt>
+__device__ uint32_t radix_kth(ChunkShared& sh, uint32_t* hist, int n, int k, KeyAt key_at) {
+  if (threadIdx.x == 0) { sh.prefix = 0; sh.prefix_mask = 0; sh.remaining = k; }
+  for (int shift = kBits; shift > 0;) {
     const int bits = shift >= kRadixBits ? kRadixBits : shift;
     shift -= bits;
     const int bins = 1 << bits;
-    for (int i = threadIdx.x; i < bins; i += blockDim.x) sh.hist[i] = 0;
+    for (int i = threadIdx.x; i < kBins; i += blockDim.x) hist[i] = 0;
     __syncthreads();
     const uint32_t prefix = sh.prefix, mask = sh.prefix_mask;
-    for_each_in_row(x, vocab, [&](int64_t, T raw) {
-      const uint32_t key = Traits::key(raw);
-      if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & (bins - 1)], 1u);
-    });
-    __syncthreads();
-    select_bin(sh, shift, bins < 32 ? 32 : bins);  // bins < 32: lanes past `bins` see zeros
-    __syncthreads();
-  }
-  const uint32_t threshold = sh.prefix;
-  const int take_equal = sh.remaining;
-
-  // Gather: keys > threshold in any order; keys == threshold in index order, the first take_equal.
-  constexpr int kItems = 16 / sizeof(T);
-  const int64_t tile = int64_t(blockDim.x) * kItems;
-  for (int64_t base = 0; base < ((variant & 8) ? 0 : vocab); base += tile) {
-    const int64_t first = base + int64_t(threadIdx.x) * kItems;
-    uint32_t keys[kItems];
-    int n_eq = 0;
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const int64_t i = first + j;
-      keys[j] = i < vocab ? Traits::key(x[i]) : 0u;
-      if (i < vocab) {
-        if (keys[j] > threshold) {
-          const int slot = atomicAdd(&sh.n_greater, 1);
-          sh.cand[slot] = (uint64_t(~keys[j]) << 32) | uint64_t(i);
-        } else if (keys[j] == threshold) {
-          ++n_eq;
-        }
-      }
-    }
-    const int eq_taken = sh.eq_taken;  // block-uniform
-    if (eq_taken < take_equal) {
-      int before, total;
-      cub::BlockScan<int, kTopkThreads>(sh.scan).ExclusiveSum(n_eq, before, total);
-      int pos = eq_taken + before;
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int64_t i = first + j;
-        if (i < vocab && keys[j] == threshold) {
-          if (pos < take_equal) sh.cand[(k - take_equal) + pos] = (uint64_t(~keys[j]) << 32) | uint64_t(i);
-          ++pos;
-        }
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) sh.eq_taken = eq_taken + total;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t key = key_at(i);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & (bins - 1)], 1u);
     }
     __syncthreads();
+    select_bin(hist, sh, shift, bins < 32 ? 32 : bins);
+    __syncthreads();
   }
+  return sh.prefix;
+}
 
-  // Bitonic sort of the K candidates by (key desc, index asc) = ascending composite key.
-  int p2 = 1;
-  while (p2 < k) p2 <<= 1;
-  for (int i = k + threadIdx.x; i < p2; i += blockDim.x) sh.cand[i] = ~0ull;
-  __syncthreads();
+__device__ void bitonic_sort(unsigned long long* a, int p2) {
   for (int size = 2; size <= p2; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = threadIdx.x; i < p2; i += blockDim.x) {
         const int j = i ^ stride;
         if (j > i) {
-          const unsigned long long a = sh.cand[i], b = sh.cand[j];
-          const bool ascending = (i & size) == 0;
-          if ((a > b) == ascending) { sh.cand[i] = b; sh.cand[j] = a; }
+          const unsigned long long x = a[i], y = a[j];
+          if ((x > y) == ((i & size) == 0)) { a[i] = y; a[j] = x; }
         }
       }
       __syncthreads();
     }
   }
-  const float lse = sh.lse;
+}
+
+__device__ __forceinline__ int next_pow2(int n) {
+  int p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __restrict__ logits, int64_t vocab,
+                                                                  int chunk, int splits, int k,
+                                                                  unsigned long long* __restrict__ ws_cand,
+                                                                  float2* __restrict__ ws_stats) {
+  using Traits = KeyTraits<T>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
+  T* xs = reinterpret_cast<T*>(smem_raw + (sizeof(ChunkShared) + 15) / 16 * 16);
+  const int64_t row = blockIdx.y;
+  const int split = blockIdx.x;
+  const int64_t start = int64_t(split) * chunk;
+  const int64_t left = vocab - start;
+  const int len = left < chunk ? int(left) : chunk;
+  const T* x = logits + row * vocab + start;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+
+  // 1. Stage the chunk (16-byte loads when aligned), tracking each thread's largest key.
+  uint32_t kmax = 0;
+  constexpr int kVec = 16 / sizeof(T);
+  int staged = 0;
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const int nvec = len / kVec;
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    uint4* sv = reinterpret_cast<uint4*>(xs);
+    for (int i = tid; i < nvec; i += blockDim.x) {
+      const uint4 raw = __ldg(xv + i);
+      sv[i] = raw;
+      const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) kmax = max(kmax, Traits::key(vals[j]));
+    }
+    staged = nvec * kVec;
+  }
+  for (int i = staged + tid; i < len; i += blockDim.x) {
+    xs[i] = x[i];
+    kmax = max(kmax, Traits::key(x[i]));
+  }
+  sh.tmax[tid] = kmax;
+  // 2. Chunk max (as a key), then the sum of exp over the staged chunk.
+  uint32_t wk = kmax;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wk = max(wk, __shfl_xor_sync(0xffffffffu, wk, off));
+  if (lane == 0) sh.redk[warp] = wk;
+  if (tid == 0) sh.count = 0;
+  __syncthreads();
+  wk = lane < nwarps ? sh.redk[lane] : 0u;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wk = max(wk, __shfl_xor_sync(0xffffffffu, wk, off));
+  const float m = Traits::value(wk);
+  float s = 0.f;
+  if (m != -INFINITY) {
+    for (int i = tid; i < len; i += blockDim.x) s += __expf(float(xs[i]) - m);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) sh.red[warp] = s;
+  // 3. tau: the K-th largest per-thread maximum (a lower bound of the chunk's K-th largest).
+  uint32_t* hist = reinterpret_cast<uint32_t*>(sh.cand);
+  const int kk = min(k, len);
+  const uint32_t tau = radix_kth<Traits::kBits>(sh, hist, blockDim.x, kk, [&](int i) { return sh.tmax[i]; });
+  if (tid == 0) {
+    float total = 0.f;
+    for (int w = 0; w < nwarps; ++w) total += sh.red[w];
+    ws_stats[row * splits + split] = make_float2(m, total);
+  }
+  // 4. Candidates >= tau.
+  for (int i = tid; i < len; i += blockDim.x) {
+    const uint32_t key = Traits::key(xs[i]);
+    if (key >= tau) {
+      const int slot = atomicAdd(&sh.count, 1);
+      if (slot < kCandCap) sh.cand[slot] = composite(key, start + i);
+    }
+  }
+  __syncthreads();
+  const int count = sh.count;
+  unsigned long long* best = sh.cand;
+  if (count <= kCandCap) {
+    const int p2 = next_pow2(count);
+    for (int i = count + tid; i < p2; i += blockDim.x) sh.cand[i] = ~0ull;
+    __syncthreads();
+    bitonic_sort(sh.cand, p2);
+  } else {
+    // Ties flooded the buffer: exact radix select of the K-th largest key over the chunk, then
+    // the keys above it (any order) and the first equal ones in index order, then a sort.
+    const uint32_t kth = radix_kth<Traits::kBits>(sh, hist, len, kk, [&](int i) { return Traits::key(xs[i]); });
+    const int take_equal = sh.remaining;
+    best = sh.cand + kBins / 2;  // after the histogram's 2048 words
+    if (tid == 0) { sh.n_greater = 0; sh.eq_taken = 0; }
+    __syncthreads();
+    constexpr int kItems = 4;
+    for (int base = 0; base < len; base += kTopkThreads * kItems) {
+      const int first = base + tid * kItems;
+      int n_eq = 0;
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int i = first + j;
+        if (i < len) {
+          const uint32_t key = Traits::key(xs[i]);
+          if (key > kth) best[atomicAdd(&sh.n_greater, 1)] = composite(key, start + i);
+          else if (key == kth) ++n_eq;
+        }
+      }
+      const int eq_taken = sh.eq_taken;
+      __syncthreads();
+      if (eq_taken < take_equal) {
+        int before, total;
+        cub::BlockScan<int, kTopkThreads>(sh.scan).ExclusiveSum(n_eq, before, total);
+        int pos = eq_taken + before;
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          const int i = first + j;
+          if (i < len && Traits::key(xs[i]) == kth) {
+            if (pos < take_equal) best[(kk - take_equal) + pos] = composite(kth, start + i);
+            ++pos;
+          }
+        }
+        __syncthreads();
+        if (tid == 0) sh.eq_taken = eq_taken + total;
+      }
+      __syncthreads();
+    }
+    const int p2 = next_pow2(kk);
+    for (int i = kk + tid; i < p2; i += blockDim.x) best[i] = ~0ull;
+    __syncthreads();
+    bitonic_sort(best, p2);
+  }
+  unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
+  for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? best[r] : ~0ull;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned long long* __restrict__ ws_cand,
+                                                                  const float2* __restrict__ ws_stats, int splits,
+                                                                  int k, int64_t* __restrict__ out_ids,
+                                                                  float* __restrict__ out_lp,
+                                                                  float* __restrict__ out_lse) {
+  using Traits = KeyTraits<T>;
+  extern __shared__ __align__(16) unsigned long long merge_buf[];
+  __shared__ float lse_s;
+  const int64_t row = blockIdx.x;
+  const int n = splits * k, p2 = next_pow2(n);
+  const unsigned long long* in = ws_cand + row * int64_t(n);
+  for (int i = threadIdx.x; i < p2; i += blockDim.x) merge_buf[i] = i < n ? in[i] : ~0ull;
+  if (threadIdx.x == 0) {
+    float m = -INFINITY;
+    for (int j = 0; j < splits; ++j) m = fmaxf(m, ws_stats[row * splits + j].x);
+    float total = 0.f;
+    if (m != -INFINITY) {
+      for (int j = 0; j < splits; ++j) {
+        const float2 st = ws_stats[row * splits + j];
+        if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
+      }
+    }
+    lse_s = (m == -INFINITY) ? m : m + logf(total);
+  }
+  __syncthreads();
+  if (splits > 1) bitonic_sort(merge_buf, p2);
+  const float lse = lse_s;
+  const uint32_t mask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
   for (int r = threadIdx.x; r < k; r += blockDim.x) {
-    const unsigned long long c = sh.cand[r];
-    const uint32_t key = ~uint32_t(c >> 32) & (Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu);
+    const unsigned long long c = merge_buf[r];
     out_ids[row * k + r] = int64_t(c & 0xFFFFFFFFull);
-    out_lp[row * k + r] = Traits::value(key) - lse;
+    out_lp[row * k + r] = Traits::value(~uint32_t(c >> 32) & mask) - lse;
   }
   if (threadIdx.x == 0) out_lse[row] = lse;
 }
 
+struct TopkPlan {
+  int splits, chunk;
+};
+
+inline TopkPlan topk_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
+  const int per_chunk = kChunkBytes / elem_bytes;
+  int splits = int((vocab + per_chunk - 1) / per_chunk);
+  const int64_t want = (2 * int64_t(sms) + rows - 1) / rows;  // aim for >= 2 CTAs per SM
+  if (want > splits) splits = int(want);
+  const int max_splits = kMergeMax / k;
+  if (splits > max_splits) splits = max_splits;
+  int64_t chunk = (vocab + splits - 1) / splits;
+  chunk = (chunk + 15) / 16 * 16;  // keep 16-byte alignment of every chunk start
+  if (chunk < k) chunk = k;
+  splits = int((vocab + chunk - 1) / chunk);
+  return TopkPlan{splits, int(chunk)};
+}
+
 template <typename T>
 int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t* ids, float* lp, float* lse,
-                cudaStream_t stream) {
-  const size_t smem = sizeof(TopkShared);
-  auto kernel = topk_lse_kernel<T>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+                void* workspace, cudaStream_t stream) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const TopkPlan plan = topk_plan(rows, vocab, k, sizeof(T), sms);
+  if (int64_t(plan.chunk) * sizeof(T) > kChunkBytes + 1024) return cudaErrorInvalidValue;  // over the plan's limit
+  auto* ws_cand = static_cast<unsigned long long*>(workspace);
+  auto* ws_stats = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  const size_t smem = (sizeof(ChunkShared) + 15) / 16 * 16 + size_t(plan.chunk) * sizeof(T);
+  cudaError_t err = cudaFuncSetAttribute(topk_chunk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (err != cudaSuccess) return err;
-  static const int variant = getenv("DDTREE_TOPK_VARIANT") ? atoi(getenv("DDTREE_TOPK_VARIANT")) : 0;
-  kernel<<<dim3(unsigned(rows)), kTopkThreads, smem, stream>>>(static_cast<const T*>(logits), vocab, k, ids, lp,
-                                                                lse, variant);
+  topk_chunk_kernel<T><<<dim3(unsigned(plan.splits), unsigned(rows)), kTopkThreads, smem, stream>>>(
+      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const size_t merge_smem = size_t(next_pow2_host(plan.splits * k)) * sizeof(unsigned long long);
+  err = cudaFuncSetAttribute(topk_merge_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_smem));
+  if (err != cudaSuccess) return err;
+  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_stats, plan.splits, k,
+                                                                                   ids, lp, lse);
   return cudaGetLastError();
 }
 
@@ -320,10 +391,13 @@ struct BuildSmem {  // per warp; arrays carved from dynamic shared memory
   int2* node;       // [B]: depth, rank of node i+1
 };
 
+__host__ __device__ inline size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// Layout per warp, each array 16-byte aligned: lp, meta, key, score, node.
 __host__ __device__ inline size_t build_smem_per_warp(int depth_limit, int k, int budget) {
-  size_t bytes = size_t(depth_limit) * k * sizeof(float);
-  bytes = (bytes + 15) / 16 * 16 + size_t(budget + 1) * (sizeof(RankKey) + sizeof(int4) + sizeof(float));
-  return (bytes + size_t(budget) * sizeof(int2) + 15) / 16 * 16;
+  return align16(size_t(depth_limit) * k * sizeof(float)) + align16(size_t(budget + 1) * sizeof(int4)) +
+         align16(size_t(budget + 1) * sizeof(RankKey)) + align16(size_t(budget + 1) * sizeof(float)) +
+         align16(size_t(budget) * sizeof(int2));
 }
 
 constexpr int kBuildWarps = 4;
@@ -344,13 +418,13 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
   unsigned char* base = smem_raw + size_t(warp) * build_smem_per_warp(depth_limit, k, budget);
   BuildSmem sm;
   sm.lp = reinterpret_cast<float*>(base);
-  size_t off = (size_t(depth_limit) * k * sizeof(float) + 15) / 16 * 16;
-  sm.key = reinterpret_cast<RankKey*>(base + off);
-  off += size_t(budget + 1) * sizeof(RankKey);
+  size_t off = align16(size_t(depth_limit) * k * sizeof(float));
   sm.meta = reinterpret_cast<int4*>(base + off);
-  off += size_t(budget + 1) * sizeof(int4);
+  off += align16(size_t(budget + 1) * sizeof(int4));
+  sm.key = reinterpret_cast<RankKey*>(base + off);
+  off += align16(size_t(budget + 1) * sizeof(RankKey));
   sm.score = reinterpret_cast<float*>(base + off);
-  off += size_t(budget + 1) * sizeof(float);
+  off += align16(size_t(budget + 1) * sizeof(float));
   sm.node = reinterpret_cast<int2*>(base + off);
 
   const float* lp_g = logprobs + int64_t(b) * depth_limit * k;
@@ -513,14 +587,24 @@ __global__ void compact_kv_kernel(Word* __restrict__ cache, int64_t row_words, c
 
 }  // namespace
 
+int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
+  int device = 0, sms = 132;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int elem = dtype == DType::kFloat32 ? 4 : 2;
+  const TopkPlan plan = topk_plan(rows, vocab, k, elem, sms);
+  return rows * plan.splits * (int64_t(k) * 8 + 8);
+}
+
 int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, int k, int64_t* ids,
-                  float* logprobs, float* lse, void* stream) {
+                  float* logprobs, float* lse, void* workspace, void* stream) {
   if (rows == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DType::kFloat32: return launch_topk<float>(logits, rows, vocab, k, ids, logprobs, lse, s);
-    case DType::kFloat16: return launch_topk<__half>(logits, rows, vocab, k, ids, logprobs, lse, s);
-    case DType::kBFloat16: return launch_topk<__nv_bfloat16>(logits, rows, vocab, k, ids, logprobs, lse, s);
+    case DType::kFloat32: return launch_topk<float>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
+    case DType::kFloat16: return launch_topk<__half>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
+    case DType::kBFloat16:
+      return launch_topk<__nv_bfloat16>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
   }
   return cudaErrorInvalidValue;
 }
