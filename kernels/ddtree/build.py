@@ -42,7 +42,11 @@ def check_cuda_syntax(arch: str = "9.0", nvcc: str | None = None) -> None:
         raise SystemExit("nvcc not found")
     code = arch.replace(".", "")
     with_out = Path(os.environ.get("TMPDIR", "/tmp")) / "ddtree_cuda_check.o"
-    subprocess.run([nvcc, "-std=c++17", "-O3", f"-gencode=arch=compute_{code},code=sm_{code}", "-c",
+    # The same no-implicit-half-conversion macros torch's CUDAExtension passes, so code that
+    # only compiles without them fails here too.
+    torch_flags = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+                   "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    subprocess.run([nvcc, "-std=c++17", "-O3", *torch_flags, f"-gencode=arch=compute_{code},code=sm_{code}", "-c",
                     str(CSRC / "ddtree_cuda.cu"), "-o", str(with_out)], check=True)
     print(f"nvcc compiled ddtree_cuda.cu for sm_{code}")
 

@@ -51,6 +51,7 @@ template <> struct KeyTraits<float> {
     const uint32_t u = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
     return __uint_as_float(u);
   }
+  __device__ static float to_float(float v) { return v; }
 };
 template <> struct KeyTraits<__nv_bfloat16> {
   static constexpr int kBits = 16;
@@ -62,6 +63,7 @@ template <> struct KeyTraits<__nv_bfloat16> {
     const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
     return __bfloat162float(__ushort_as_bfloat16(u));
   }
+  __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 template <> struct KeyTraits<__half> {
   static constexpr int kBits = 16;
@@ -73,6 +75,7 @@ template <> struct KeyTraits<__half> {
     const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
     return __half2float(__ushort_as_half(u));
   }
+  __device__ static float to_float(__half v) { return __half2float(v); }
 };
 
 __device__ __forceinline__ unsigned long long composite(uint32_t key, int64_t index) {
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
   const float m = Traits::value(wk);
   float s = 0.f;
   if (m != -INFINITY) {
-    for (int i = tid; i < len; i += blockDim.x) s += __expf(float(xs[i]) - m);
+    for (int i = tid; i < len; i += blockDim.x) s += __expf(Traits::to_float(xs[i]) - m);
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
