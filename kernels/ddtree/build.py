@@ -67,7 +67,7 @@ def build(out: Path, cpu_only: bool = False, arch: str = "9.0", verbose: bool = 
                             # must match the CPU reference bit for bit (__expf is explicit).
                             extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17", "-lineinfo"]})
     else:
-        ext = CppExtension(EXT_NAME, sources, extra_compile_args={"cxx": cxx})
+        ext = CppExtension(EXT_NAME, sources + [str(CSRC / "ddtree_nocuda.cpp")], extra_compile_args={"cxx": cxx})
     out.mkdir(parents=True, exist_ok=True)
     temp = out / "tmp"
     started = time.monotonic()

@@ -4,20 +4,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 DDTREE_EXT_DIR=build/ddtree PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py --deselect \
-  tests/test_ddtree_kernels.py::test_bad_arguments_are_clear_errors > "$OUT/pytest.log" 2>&1
+python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py \
+  > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|Error|error" "$OUT/pytest.log" | tail -12
 python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
-cat > /tmp/err.py <<'PY'
-import torch
-from kernels.ddtree import load
-ext = load()
-try:
-    ext.build_tree(torch.zeros(1, 16, 4, dtype=torch.long), torch.zeros(1, 16, 4), 8)
-except RuntimeError as e:
-    print("caught:", str(e).splitlines()[0])
-PY
-python3 /tmp/err.py; echo "err.py rc=$?"
-timeout 120 cuda-gdb -q -batch -ex run -ex bt --args python3 /tmp/err.py > "$OUT/gdb.log" 2>&1
-grep -E "^#|signal|caught" "$OUT/gdb.log" | head -16
 [ "${SKIP_BENCH:-0}" = 1 ] || python3 -m kernels.ddtree.bench --iters 100 --ref-iters 30 --json "$OUT/bench.json" 2>&1 | tail -12

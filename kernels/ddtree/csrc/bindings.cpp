@@ -5,13 +5,26 @@
 #include <ATen/cuda/CUDAContext.h>
 #endif
 
+#include <stdexcept>
+#include <string>
+
 #include "ddtree.h"
 
 namespace {
 
+// Errors are std::runtime_error (Python RuntimeError) with messages built by std::to_string, not
+// TORCH_CHECK: formatting numbers through c10::str's ostream crashed (SIGSEGV in
+// ostream::_M_insert<long>) when the extension's libstdc++ differed from the one torch loaded.
+[[noreturn]] void fail(const std::string& message) { throw std::runtime_error("ddtree: " + message); }
+#define DDTREE_CHECK(cond, message) \
+  do {                              \
+    if (!(cond)) fail(message);     \
+  } while (0)
+using std::to_string;
+
 void check_cuda(int err, const char* what) {
 #ifdef WITH_CUDA
-  TORCH_CHECK(err == 0, what, " failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  DDTREE_CHECK(err == 0, std::string(what) + " failed: " + cudaGetErrorString(static_cast<cudaError_t>(err)));
 #else
   (void)err;
   (void)what;
@@ -23,23 +36,23 @@ void* stream_of(const at::Tensor& t) {
   return at::cuda::getCurrentCUDAStream(t.device().index()).stream();
 #else
   (void)t;
-  TORCH_CHECK(false, "ddtree: this build has no CUDA support");
+  fail("this build has no CUDA support");
   return nullptr;
 #endif
 }
 
 #ifndef WITH_CUDA
-#define DDTREE_NO_CUDA(t) TORCH_CHECK(!(t).is_cuda(), "ddtree: built without CUDA; got a CUDA tensor")
+#define DDTREE_NO_CUDA(t) DDTREE_CHECK(!(t).is_cuda(), "built without CUDA; got a CUDA tensor")
 #else
 #define DDTREE_NO_CUDA(t)
 #endif
 
 std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
-  TORCH_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
+  DDTREE_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
   DDTREE_NO_CUDA(logits);
   const int64_t bs = logits.size(0), depth = logits.size(1), vocab = logits.size(2);
-  TORCH_CHECK(k >= 1 && k <= vocab && k <= ddtree::kMaxTopK, "k must be in [1, min(V, 1024)], got ", k);
-  TORCH_CHECK(vocab < (int64_t(1) << 32), "vocab too large");
+  DDTREE_CHECK(k >= 1 && k <= vocab && k <= ddtree::kMaxTopK, "k must be in [1, min(V, 1024)], got " + to_string(k));
+  DDTREE_CHECK(vocab < (int64_t(1) << 32), "vocab too large");
   auto opts = logits.options();
   auto ids = at::empty({bs, depth, k}, opts.dtype(at::kLong));
   auto lp = at::empty({bs, depth, k}, opts.dtype(at::kFloat));
@@ -50,7 +63,7 @@ std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
     if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
     else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
     else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
-    else TORCH_CHECK(false, "logits must be float32, float16 or bfloat16");
+    else fail("logits must be float32, float16 or bfloat16");
     // Workspace from the caching allocator: graph-safe, no cudaMalloc per call.
     auto ws = at::empty({ddtree::topk_workspace_bytes(dt, bs * depth, vocab, int(k))}, opts.dtype(at::kByte));
     check_cuda(ddtree::topk_lse_cuda(x.data_ptr(), dt, bs * depth, vocab, int(k), ids.data_ptr<int64_t>(),
@@ -65,14 +78,14 @@ std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
 }
 
 std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logprobs, int64_t budget) {
-  TORCH_CHECK(ids.dim() == 3 && logprobs.sizes() == ids.sizes(), "ids and logprobs must be [bs, L, K]");
-  TORCH_CHECK(ids.scalar_type() == at::kLong && logprobs.scalar_type() == at::kFloat, "ids int64, logprobs float32");
-  TORCH_CHECK(ids.device() == logprobs.device(), "ids and logprobs on one device");
+  DDTREE_CHECK(ids.dim() == 3 && logprobs.sizes() == ids.sizes(), "ids and logprobs must be [bs, L, K]");
+  DDTREE_CHECK(ids.scalar_type() == at::kLong && logprobs.scalar_type() == at::kFloat, "ids int64, logprobs float32");
+  DDTREE_CHECK(ids.device() == logprobs.device(), "ids and logprobs on one device");
   DDTREE_NO_CUDA(ids);
   const int64_t bs = ids.size(0), depth = ids.size(1), k = ids.size(2);
-  TORCH_CHECK(depth <= ddtree::kMaxDepth, "depth L must be <= ", ddtree::kMaxDepth, ", got ", depth);
-  TORCH_CHECK(k <= ddtree::kMaxTopK, "K must be <= ", ddtree::kMaxTopK);
-  TORCH_CHECK(budget >= 1 && budget <= ddtree::kMaxBudget, "budget must be in [1, 1024], got ", budget);
+  DDTREE_CHECK(depth <= ddtree::kMaxDepth, "depth L must be <= 15, got " + to_string(depth));
+  DDTREE_CHECK(k <= ddtree::kMaxTopK, "K must be <= 1024, got " + to_string(k));
+  DDTREE_CHECK(budget >= 1 && budget <= ddtree::kMaxBudget, "budget must be in [1, 1024], got " + to_string(budget));
   auto i32 = ids.options().dtype(at::kInt);
   auto num_nodes = at::empty({bs}, i32);
   auto tokens = at::empty({bs, budget}, ids.options());
@@ -100,7 +113,7 @@ std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logp
 }
 
 std::vector<at::Tensor> build_mask(const at::Tensor& parents, const at::Tensor& num_nodes) {
-  TORCH_CHECK(parents.dim() == 2 && parents.scalar_type() == at::kInt, "parents must be int32 [bs, B+1]");
+  DDTREE_CHECK(parents.dim() == 2 && parents.scalar_type() == at::kInt, "parents must be int32 [bs, B+1]");
   DDTREE_NO_CUDA(parents);
   const int64_t bs = parents.size(0), side = parents.size(1), words = (side + 31) / 32;
   auto vis = at::empty({bs, side, side}, parents.options().dtype(at::kBool));
@@ -121,11 +134,11 @@ std::vector<at::Tensor> build_mask(const at::Tensor& parents, const at::Tensor& 
 
 std::vector<at::Tensor> verify(const at::Tensor& posterior, const at::Tensor& tokens, const at::Tensor& parents,
                                const at::Tensor& num_nodes, int64_t max_accept) {
-  TORCH_CHECK(posterior.dim() == 2 && posterior.scalar_type() == at::kLong, "posterior must be int64 [bs, B+1]");
+  DDTREE_CHECK(posterior.dim() == 2 && posterior.scalar_type() == at::kLong, "posterior must be int64 [bs, B+1]");
   DDTREE_NO_CUDA(posterior);
   const int64_t bs = posterior.size(0), budget = posterior.size(1) - 1;
-  TORCH_CHECK(tokens.size(1) == budget && parents.size(1) == budget + 1, "tokens [bs, B], parents [bs, B+1]");
-  TORCH_CHECK(max_accept >= 1, "max_accept >= 1");
+  DDTREE_CHECK(tokens.size(1) == budget && parents.size(1) == budget + 1, "tokens [bs, B], parents [bs, B+1]");
+  DDTREE_CHECK(max_accept >= 1, "max_accept >= 1");
   auto accepted = at::empty({bs, max_accept}, parents.options());
   auto accept_len = at::empty({bs}, parents.options());
   auto bonus = at::empty({bs}, posterior.options());
@@ -149,7 +162,7 @@ std::vector<at::Tensor> verify(const at::Tensor& posterior, const at::Tensor& to
 
 void compact_kv(at::Tensor& cache, const at::Tensor& slot_base, const at::Tensor& accepted,
                 const at::Tensor& accept_len) {
-  TORCH_CHECK(cache.is_contiguous(), "cache must be contiguous [slots, ...]");
+  DDTREE_CHECK(cache.is_contiguous(), "cache must be contiguous [slots, ...]");
   DDTREE_NO_CUDA(cache);
   const int64_t row_bytes = cache.numel() / cache.size(0) * cache.element_size();
   auto base = slot_base.contiguous();

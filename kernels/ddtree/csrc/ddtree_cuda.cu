@@ -352,25 +352,41 @@ inline TopkPlan topk_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, in
   return TopkPlan{splits, int(chunk)};
 }
 
+// Host-side costs are paid once per process: eager calls are dominated by them otherwise.
+inline int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 132;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n;
+  }();
+  return sms;
+}
+
+// One static per kernel (keyed by the function itself, not its type: instantiations can share one).
+template <auto Kernel>
+cudaError_t allow_smem_once() {
+  static const cudaError_t err =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 220 * 1024);
+  return err;
+}
+
 template <typename T>
 int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t* ids, float* lp, float* lse,
                 void* workspace, cudaStream_t stream) {
-  int device = 0, sms = 132;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const TopkPlan plan = topk_plan(rows, vocab, k, sizeof(T), sms);
+  const TopkPlan plan = topk_plan(rows, vocab, k, sizeof(T), sm_count());
   if (int64_t(plan.chunk) * sizeof(T) > kChunkBytes + 1024) return cudaErrorInvalidValue;  // over the plan's limit
   auto* ws_cand = static_cast<unsigned long long*>(workspace);
   auto* ws_stats = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
   const size_t smem = (sizeof(ChunkShared) + 15) / 16 * 16 + size_t(plan.chunk) * sizeof(T);
-  cudaError_t err = cudaFuncSetAttribute(topk_chunk_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaError_t err = allow_smem_once<topk_chunk_kernel<T>>();
   if (err != cudaSuccess) return err;
   topk_chunk_kernel<T><<<dim3(unsigned(plan.splits), unsigned(rows)), kTopkThreads, smem, stream>>>(
       static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const size_t merge_smem = size_t(next_pow2_host(plan.splits * k)) * sizeof(unsigned long long);
-  err = cudaFuncSetAttribute(topk_merge_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(merge_smem));
+  err = allow_smem_once<topk_merge_kernel<T>>();
   if (err != cudaSuccess) return err;
   topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_stats, plan.splits, k,
                                                                                    ids, lp, lse);
@@ -591,11 +607,8 @@ __global__ void compact_kv_kernel(Word* __restrict__ cache, int64_t row_words, c
 }  // namespace
 
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
-  int device = 0, sms = 132;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int elem = dtype == DType::kFloat32 ? 4 : 2;
-  const TopkPlan plan = topk_plan(rows, vocab, k, elem, sms);
+  const TopkPlan plan = topk_plan(rows, vocab, k, elem, sm_count());
   return rows * plan.splits * (int64_t(k) * 8 + 8);
 }
 
@@ -619,7 +632,7 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
   const size_t per_warp = build_smem_per_warp(depth_limit, k, budget);
   const int warps = per_warp * kBuildWarps <= 100 * 1024 ? kBuildWarps : 1;
   const size_t smem = size_t(warps) * per_warp;
-  cudaError_t err = cudaFuncSetAttribute(build_tree_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  cudaError_t err = allow_smem_once<build_tree_kernel>();
   if (err != cudaSuccess) return err;
   build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
       ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child,
