@@ -1,24 +1,18 @@
-"""Per-op GPU times for tuning (device only): each op captured in a CUDA graph and replayed, so
-host overhead is excluded; eager times alongside.
+"""Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us).
 
-    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe
+    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe          # both build variants
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import torch
 
 from . import load
-from .bench import cuda_median_us
-
-
-def graph_us(fn, iters: int = 200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return cuda_median_us(graph.replay, iters)
+from .bench import graph_us
 
 
 def main() -> None:
@@ -28,13 +22,17 @@ def main() -> None:
         for k in (64, 256):
             ids, lp, _ = ext.topk_lse(x, k)
             tree = ext.build_tree(ids, lp, k)
-            t_topk = graph_us(lambda: ext.topk_lse(x, k))
-            t_build = graph_us(lambda: ext.build_tree(ids, lp, k))
-            t_mask = graph_us(lambda: ext.build_mask(tree[4], tree[0]))
-            e_topk = cuda_median_us(lambda: ext.topk_lse(x, k), 100)
-            print(f"bs={bs:2d} K=B={k:4d}  graph: topk {t_topk:7.1f}  build {t_build:7.1f}  mask {t_mask:6.1f} us"
-                  f"   eager topk {e_topk:7.1f} us", flush=True)
+            t_topk = graph_us(lambda: ext.topk_lse(x, k), 100)
+            t_build = graph_us(lambda: ext.build_tree(ids, lp, k), 100)
+            t_mask = graph_us(lambda: ext.build_mask(tree[4], tree[0]), 100)
+            print(f"[{os.environ.get('DDTREE_BUILD', 'heap')}] bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
+                  f"build {t_build:7.1f}  mask {t_mask:6.1f} us", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1:
+        main()
+    else:
+        for variant in ("heap", "warp"):
+            subprocess.run([sys.executable, "-m", "kernels.ddtree.probe", "run"],
+                           env={**os.environ, "DDTREE_BUILD": variant}, check=False)

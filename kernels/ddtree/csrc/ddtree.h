@@ -35,8 +35,12 @@ struct RankKey {
 DDTREE_HD int rank_key_shift(int level) { return 64 - 11 * ((level % 5) + 1); }
 
 DDTREE_HD RankKey rank_key_with(RankKey key, int level, int rank) {
+  // Selects, not key.w[level / 5]: a run-time array index would put the key in local memory.
   const int word = level / 5, shift = rank_key_shift(level);
-  key.w[word] = (key.w[word] & ~(uint64_t(0x7FF) << shift)) | (uint64_t(rank + 1) << shift);
+  const uint64_t clear = ~(uint64_t(0x7FF) << shift), set = uint64_t(rank + 1) << shift;
+  key.w[0] = word == 0 ? (key.w[0] & clear) | set : key.w[0];
+  key.w[1] = word == 1 ? (key.w[1] & clear) | set : key.w[1];
+  key.w[2] = word == 2 ? (key.w[2] & clear) | set : key.w[2];
   return key;
 }
 

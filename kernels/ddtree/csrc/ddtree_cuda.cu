@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 #include <cstdint>
 
 #include "ddtree.h"
@@ -525,6 +527,129 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
   if (lane == 0) num_nodes[b] = n;
 }
 
+// Variant: one lane per request runs a binary heap of (score, slot) pairs in shared memory; slot
+// data (rank key, metadata) stays put. A sift-down level is one 16-byte load of the child pair.
+// Same pop order as the warp version (and the reference): score desc, then rank tuple asc.
+__host__ __device__ inline size_t heap_smem_per_warp(int depth_limit, int k, int budget) {
+  const int slots = 2 * budget + 2;
+  return align16(size_t(depth_limit) * k * sizeof(float)) + align16(size_t(budget + 2) * sizeof(float2)) +
+         align16(size_t(slots) * sizeof(int4)) + align16(size_t(slots) * sizeof(RankKey)) +
+         align16(size_t(budget) * sizeof(int2));
+}
+
+struct HeapItem {
+  float score;
+  int slot;
+};
+
+__device__ __forceinline__ bool heap_better(const HeapItem& a, const HeapItem& b, const RankKey* key) {
+  return a.score > b.score || (a.score == b.score && rank_key_less(key[a.slot], key[b.slot]));
+}
+
+__global__ void build_tree_heap_kernel(const int64_t* __restrict__ ids, const float* __restrict__ logprobs, int bs,
+                                       int depth_limit, int k, int budget, int32_t* __restrict__ num_nodes,
+                                       int64_t* __restrict__ tokens, int32_t* __restrict__ depths,
+                                       int32_t* __restrict__ ranks, int32_t* __restrict__ parents,
+                                       int32_t* __restrict__ first_child, int32_t* __restrict__ next_sibling) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.x * (blockDim.x >> 5) + warp;
+  if (b >= bs) return;
+  unsigned char* base = smem_raw + size_t(warp) * heap_smem_per_warp(depth_limit, k, budget);
+  const int slots = 2 * budget + 2;
+  float* lp = reinterpret_cast<float*>(base);
+  size_t off = align16(size_t(depth_limit) * k * sizeof(float));
+  HeapItem* heap = reinterpret_cast<HeapItem*>(base + off);  // 1-based: children of i at 2i, 2i+1
+  off += align16(size_t(budget + 2) * sizeof(float2));
+  int4* meta = reinterpret_cast<int4*>(base + off);  // parent, depth, rank, prev_sibling
+  off += align16(size_t(slots) * sizeof(int4));
+  RankKey* key = reinterpret_cast<RankKey*>(base + off);
+  off += align16(size_t(slots) * sizeof(RankKey));
+  int2* node_dr = reinterpret_cast<int2*>(base + off);
+
+  const float* lp_g = logprobs + int64_t(b) * depth_limit * k;
+  for (int i = lane; i < depth_limit * k; i += 32) lp[i] = lp_g[i];
+  int32_t* par = parents + int64_t(b) * (budget + 1);
+  int32_t* fc = first_child + int64_t(b) * (budget + 1);
+  int32_t* ns = next_sibling + int64_t(b) * (budget + 1);
+  for (int i = lane; i <= budget; i += 32) { par[i] = -1; fc[i] = -1; ns[i] = -1; }
+  __syncwarp();
+  int n = 0;
+  if (lane == 0 && budget > 0 && k > 0 && depth_limit > 0) {
+    int size = 1, next_slot = 1;
+    heap[1] = HeapItem{lp[0], 0};
+    key[0] = rank_key_with(RankKey{{0, 0, 0}}, 0, 0);
+    meta[0] = make_int4(0, 1, 0, -1);
+    while (size > 0 && n < budget) {
+      const HeapItem top = heap[1];
+      const int4 m = meta[top.slot];
+      const RankKey tk = key[top.slot];
+      const int node = ++n;
+      node_dr[node - 1] = make_int2(m.y, m.z);
+      par[node] = m.x;
+      if (m.z == 0) fc[m.x] = node; else ns[m.w] = node;
+      const float* row = lp + (m.y - 1) * k;
+      // Replace the root by the next sibling (or the last item), then sift it down.
+      HeapItem moving;
+      if (m.z + 1 < k) {
+        const int slot = next_slot++;
+        key[slot] = rank_key_with(tk, m.y - 1, m.z + 1);
+        meta[slot] = make_int4(m.x, m.y, m.z + 1, node);
+        moving = HeapItem{__fadd_rn(__fsub_rn(top.score, row[m.z]), row[m.z + 1]), slot};
+      } else {
+        moving = heap[size--];
+      }
+      if (size > 0) {
+        int i = 1;
+        while (2 * i <= size) {
+          const float4 pair = *reinterpret_cast<const float4*>(&heap[2 * i]);  // children 2i, 2i+1
+          HeapItem c = HeapItem{pair.x, __float_as_int(pair.y)};
+          int ci = 2 * i;
+          if (2 * i + 1 <= size) {
+            const HeapItem c1 = HeapItem{pair.z, __float_as_int(pair.w)};
+            if (heap_better(c1, c, key)) { c = c1; ci = 2 * i + 1; }
+          }
+          if (!heap_better(c, moving, key)) break;
+          heap[i] = c;
+          i = ci;
+        }
+        heap[i] = moving;
+      }
+      if (m.y < depth_limit) {  // push the first child, sift up
+        const int slot = next_slot++;
+        key[slot] = rank_key_with(tk, m.y, 0);
+        meta[slot] = make_int4(node, m.y + 1, 0, -1);
+        const HeapItem item{__fadd_rn(top.score, lp[m.y * k]), slot};
+        int i = ++size;
+        while (i > 1) {
+          const HeapItem p = heap[i >> 1];
+          if (!heap_better(item, p, key)) break;
+          heap[i] = p;
+          i >>= 1;
+        }
+        heap[i] = item;
+      }
+    }
+  }
+  n = __shfl_sync(0xffffffffu, n, 0);
+  __syncwarp();
+  const int64_t* id = ids + int64_t(b) * depth_limit * k;
+  int64_t* tok = tokens + int64_t(b) * budget;
+  int32_t* dep = depths + int64_t(b) * budget;
+  int32_t* rk = ranks + int64_t(b) * budget;
+  for (int i = lane; i < budget; i += 32) {
+    if (i < n) {
+      const int2 dr = node_dr[i];
+      tok[i] = id[(dr.x - 1) * k + dr.y];
+      dep[i] = dr.x;
+      rk[i] = dr.y;
+    } else {
+      tok[i] = -1; dep[i] = 0; rk[i] = -1;
+    }
+  }
+  if (lane == 0) num_nodes[b] = n;
+}
+
 // ------------------------------------------------------------------ visibility mask
 // One thread per (request, row, 32-column word): walk the row's ancestor chain (<= 16 steps).
 __global__ void build_mask_kernel(const int32_t* __restrict__ parents, const int32_t* __restrict__ num_nodes,
@@ -629,14 +754,25 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream) {
   if (bs == 0) return cudaSuccess;
-  const size_t per_warp = build_smem_per_warp(depth_limit, k, budget);
+  // DDTREE_BUILD=warp selects the warp-argmax variant (kept for comparison); the heap is default.
+  static const bool use_warp = getenv("DDTREE_BUILD") && std::string(getenv("DDTREE_BUILD")) == "warp";
+  const size_t per_warp = use_warp ? build_smem_per_warp(depth_limit, k, budget)
+                                   : heap_smem_per_warp(depth_limit, k, budget);
   const int warps = per_warp * kBuildWarps <= 100 * 1024 ? kBuildWarps : 1;
   const size_t smem = size_t(warps) * per_warp;
-  cudaError_t err = allow_smem_once<build_tree_kernel>();
-  if (err != cudaSuccess) return err;
-  build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, smem, static_cast<cudaStream_t>(stream)>>>(
-      ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child,
-      next_sibling);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const dim3 grid((bs + warps - 1) / warps), block(warps * 32);
+  if (use_warp) {
+    cudaError_t err = allow_smem_once<build_tree_kernel>();
+    if (err != cudaSuccess) return err;
+    build_tree_kernel<<<grid, block, smem, s>>>(ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens,
+                                                depths, ranks, parents, first_child, next_sibling);
+  } else {
+    cudaError_t err = allow_smem_once<build_tree_heap_kernel>();
+    if (err != cudaSuccess) return err;
+    build_tree_heap_kernel<<<grid, block, smem, s>>>(ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens,
+                                                     depths, ranks, parents, first_child, next_sibling);
+  }
   return cudaGetLastError();
 }
 
