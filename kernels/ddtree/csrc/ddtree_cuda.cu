@@ -41,6 +41,7 @@ constexpr int kBins = 1 << kRadixBits;
 constexpr int kCandCap = 4096;
 constexpr int kChunkBytes = 64 * 1024;
 constexpr int kMergeMax = 16384;
+constexpr int kRankByCount = 1024;  // up to this many candidates, rank by counting instead of sorting
 
 template <typename T> struct KeyTraits;
 template <> struct KeyTraits<float> {
@@ -94,34 +95,24 @@ struct ChunkShared {
   typename cub::BlockScan<int, kTopkThreads>::TempStorage scan;
 };
 
-// Warp 0 finds the bin holding the `remaining`-th largest key; updates prefix and remaining.
+// Finds the bin holding the `remaining`-th largest key and updates prefix and remaining. All
+// threads call it: thread t owns bins 2(T-1-t) and 2(T-1-t)+1, so one block-wide inclusive scan
+// in thread order counts from the top bin down. (An earlier warp-0 version had each lane sum 64
+// strided bins: a 32-way bank conflict on every read.)
 __device__ void select_bin(const uint32_t* hist, ChunkShared& sh, int shift, int bins) {
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const int per_lane = bins / 32;
-  int total = 0;
-  for (int j = 0; j < per_lane; ++j) total += hist[lane * per_lane + j];
-  int incl = total;  // suffix sum over lanes: counts of this lane's bins and all above
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int other = __shfl_down_sync(0xffffffffu, incl, off);
-    if (lane + off < 32) incl += other;
-  }
-  const int above = incl - total;
+  const int t = threadIdx.x, last = kTopkThreads - 1;
+  const int hi = 2 * (last - t) + 1, lo = hi - 1;  // hi is the upper of this thread's two bins
+  const int c_hi = hi < bins ? int(hist[hi]) : 0, c_lo = lo < bins ? int(hist[lo]) : 0;
+  int incl;
+  cub::BlockScan<int, kTopkThreads>(sh.scan).InclusiveSum(c_hi + c_lo, incl);
+  const int above = incl - c_hi - c_lo;  // keys in bins above this thread's two
   const int need = sh.remaining;
+  __syncthreads();  // everyone has read `remaining` before it changes
   if (above < need && need <= incl) {
-    int acc = above;
-    for (int j = per_lane - 1; j >= 0; --j) {
-      const int bin = lane * per_lane + j;
-      const int c = hist[bin];
-      if (acc + c >= need) {
-        sh.prefix |= uint32_t(bin) << shift;
-        sh.prefix_mask |= uint32_t(bins - 1) << shift;
-        sh.remaining = need - acc;
-        break;
-      }
-      acc += c;
-    }
+    const bool in_hi = need <= above + c_hi;
+    sh.prefix |= uint32_t(in_hi ? hi : lo) << shift;
+    sh.prefix_mask |= uint32_t(bins - 1) << shift;
+    sh.remaining = need - above - (in_hi ? 0 : c_hi);
   }
 }
 
@@ -141,7 +132,7 @@ __device__ uint32_t radix_kth(ChunkShared& sh, uint32_t* hist, int n, int k, Key
       if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & (bins - 1)], 1u);
     }
     __syncthreads();
-    select_bin(hist, sh, shift, bins < 32 ? 32 : bins);
+    select_bin(hist, sh, shift, bins);
     __syncthreads();
   }
   return sh.prefix;
@@ -245,6 +236,19 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
   __syncthreads();
   const int count = sh.count;
   unsigned long long* best = sh.cand;
+  unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
+  if (count <= kRankByCount) {
+    // Few candidates: each one's rank is the number of better ones (keys are distinct, and all
+    // threads read the same candidate at once: a broadcast, no bank conflicts). No sort stages.
+    for (int c = tid; c < count; c += blockDim.x) {
+      const unsigned long long mine = sh.cand[c];
+      int rank = 0;
+      for (int j = 0; j < count; ++j) rank += sh.cand[j] < mine;
+      if (rank < kk) out[rank] = mine;
+    }
+    for (int r = kk + tid; r < k; r += blockDim.x) out[r] = ~0ull;
+    return;
+  }
   if (count <= kCandCap) {
     const int p2 = next_pow2(count);
     for (int i = count + tid; i < p2; i += blockDim.x) sh.cand[i] = ~0ull;
@@ -295,10 +299,12 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
     __syncthreads();
     bitonic_sort(best, p2);
   }
-  unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
   for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? best[r] : ~0ull;
 }
 
+// Each chunk's list is sorted and keys are distinct across chunks, so a candidate's final rank is
+// its position in its own list plus, for every other list, how many entries there are better
+// (a binary search). One pass, no sort stages.
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned long long* __restrict__ ws_cand,
                                                                   const float2* __restrict__ ws_stats, int splits,
@@ -309,9 +315,9 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned
   extern __shared__ __align__(16) unsigned long long merge_buf[];
   __shared__ float lse_s;
   const int64_t row = blockIdx.x;
-  const int n = splits * k, p2 = next_pow2(n);
+  const int n = splits * k;
   const unsigned long long* in = ws_cand + row * int64_t(n);
-  for (int i = threadIdx.x; i < p2; i += blockDim.x) merge_buf[i] = i < n ? in[i] : ~0ull;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) merge_buf[i] = in[i];
   if (threadIdx.x == 0) {
     float m = -INFINITY;
     for (int j = 0; j < splits; ++j) m = fmaxf(m, ws_stats[row * splits + j].x);
@@ -325,13 +331,27 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned
     lse_s = (m == -INFINITY) ? m : m + logf(total);
   }
   __syncthreads();
-  if (splits > 1) bitonic_sort(merge_buf, p2);
   const float lse = lse_s;
   const uint32_t mask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
-  for (int r = threadIdx.x; r < k; r += blockDim.x) {
-    const unsigned long long c = merge_buf[r];
-    out_ids[row * k + r] = int64_t(c & 0xFFFFFFFFull);
-    out_lp[row * k + r] = Traits::value(~uint32_t(c >> 32) & mask) - lse;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned long long c = merge_buf[i];
+    if (c == ~0ull) continue;  // padding of a short chunk
+    const int list = i / k;
+    int rank = i - list * k;
+    for (int j = 0; j < splits && rank < k; ++j) {
+      if (j == list) continue;
+      const unsigned long long* other = merge_buf + j * k;
+      int lo = 0, hi = k;  // entries of `other` better than c: first position with value > c
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (other[mid] < c) lo = mid + 1; else hi = mid;
+      }
+      rank += lo;
+    }
+    if (rank < k) {
+      out_ids[row * k + rank] = int64_t(c & 0xFFFFFFFFull);
+      out_lp[row * k + rank] = Traits::value(~uint32_t(c >> 32) & mask) - lse;
+    }
   }
   if (threadIdx.x == 0) out_lse[row] = lse;
 }
@@ -387,7 +407,7 @@ int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t*
       static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  const size_t merge_smem = size_t(next_pow2_host(plan.splits * k)) * sizeof(unsigned long long);
+  const size_t merge_smem = size_t(plan.splits) * k * sizeof(unsigned long long);
   err = allow_smem_once<topk_merge_kernel<T>>();
   if (err != cudaSuccess) return err;
   topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_stats, plan.splits, k,
