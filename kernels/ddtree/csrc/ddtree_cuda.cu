@@ -35,7 +35,7 @@ inline int next_pow2_host(int n) {
 // topk_merge_kernel: one CTA per row merges the chunks' sorted lists and logsumexp partials.
 // Chunks give bs=1 enough CTAs to fill the GPU; rows give large batches theirs.
 
-constexpr int kTopkThreads = 1024;
+constexpr int kTopkThreads = 512;  // 2 CTAs per SM (registers and shared memory allow two)
 constexpr int kRadixBits = 11;
 constexpr int kBins = 1 << kRadixBits;
 constexpr int kCandCap = 4096;
@@ -96,23 +96,34 @@ struct ChunkShared {
 };
 
 // Finds the bin holding the `remaining`-th largest key and updates prefix and remaining. All
-// threads call it: thread t owns bins 2(T-1-t) and 2(T-1-t)+1, so one block-wide inclusive scan
-// in thread order counts from the top bin down. (An earlier warp-0 version had each lane sum 64
-// strided bins: a 32-way bank conflict on every read.)
+// threads call it: thread t owns the kPer bins just below those of thread t-1, counting from the
+// top bin, so one block-wide inclusive scan in thread order counts from the top bin down. (An
+// earlier warp-0 version had each lane sum 64 strided bins: a 32-way bank conflict per read.)
 __device__ void select_bin(const uint32_t* hist, ChunkShared& sh, int shift, int bins) {
-  const int t = threadIdx.x, last = kTopkThreads - 1;
-  const int hi = 2 * (last - t) + 1, lo = hi - 1;  // hi is the upper of this thread's two bins
-  const int c_hi = hi < bins ? int(hist[hi]) : 0, c_lo = lo < bins ? int(hist[lo]) : 0;
+  constexpr int kPer = kBins / kTopkThreads;
+  const int top = kBins - 1 - kPer * int(threadIdx.x);  // this thread's highest bin
+  int c[kPer], mine = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int bin = top - j;
+    c[j] = bin < bins ? int(hist[bin]) : 0;
+    mine += c[j];
+  }
   int incl;
-  cub::BlockScan<int, kTopkThreads>(sh.scan).InclusiveSum(c_hi + c_lo, incl);
-  const int above = incl - c_hi - c_lo;  // keys in bins above this thread's two
+  cub::BlockScan<int, kTopkThreads>(sh.scan).InclusiveSum(mine, incl);
+  int acc = incl - mine;  // keys in bins above this thread's
   const int need = sh.remaining;
   __syncthreads();  // everyone has read `remaining` before it changes
-  if (above < need && need <= incl) {
-    const bool in_hi = need <= above + c_hi;
-    sh.prefix |= uint32_t(in_hi ? hi : lo) << shift;
-    sh.prefix_mask |= uint32_t(bins - 1) << shift;
-    sh.remaining = need - above - (in_hi ? 0 : c_hi);
+  if (acc < need && need <= incl) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (acc < need && need <= acc + c[j]) {
+        sh.prefix |= uint32_t(top - j) << shift;
+        sh.prefix_mask |= uint32_t(bins - 1) << shift;
+        sh.remaining = need - acc;
+      }
+      acc += c[j];
+    }
   }
 }
 
@@ -219,7 +230,11 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
   // 3. tau: the K-th largest per-thread maximum (a lower bound of the chunk's K-th largest).
   uint32_t* hist = reinterpret_cast<uint32_t*>(sh.cand);
   const int kk = min(k, len);
-  const uint32_t tau = radix_kth<Traits::kBits>(sh, hist, blockDim.x, kk, [&](int i) { return sh.tmax[i]; });
+  // With more winners wanted than threads, there is no such bound: every key is a candidate,
+  // which overflows the buffer into the exact radix path below.
+  const uint32_t tau = kk <= int(blockDim.x)
+                           ? radix_kth<Traits::kBits>(sh, hist, blockDim.x, kk, [&](int i) { return sh.tmax[i]; })
+                           : 0u;
   if (tid == 0) {
     float total = 0.f;
     for (int w = 0; w < nwarps; ++w) total += sh.red[w];
@@ -363,7 +378,7 @@ struct TopkPlan {
 inline TopkPlan topk_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
   const int per_chunk = kChunkBytes / elem_bytes;
   int splits = int((vocab + per_chunk - 1) / per_chunk);
-  const int64_t want = (2 * int64_t(sms) + rows - 1) / rows;  // aim for >= 2 CTAs per SM
+  const int64_t want = 2 * int64_t(sms) / rows;  // fill the GPU's 2 CTAs per SM in one wave
   if (want > splits) splits = int(want);
   const int max_splits = kMergeMax / k;
   if (splits > max_splits) splits = max_splits;
