@@ -1,13 +1,9 @@
 """Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us).
 
-    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe          # both build variants
+    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import torch
 
@@ -25,14 +21,9 @@ def main() -> None:
             t_topk = graph_us(lambda: ext.topk_lse(x, k), 100)
             t_build = graph_us(lambda: ext.build_tree(ids, lp, k), 100)
             t_mask = graph_us(lambda: ext.build_mask(tree[4], tree[0]), 100)
-            print(f"[{os.environ.get('DDTREE_BUILD', 'heap')}] bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
+            print(f"bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
                   f"build {t_build:7.1f}  mask {t_mask:6.1f} us", flush=True)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        main()
-    else:
-        for variant in ("heap", "warp"):
-            subprocess.run([sys.executable, "-m", "kernels.ddtree.probe", "run"],
-                           env={**os.environ, "DDTREE_BUILD": variant}, check=False)
+    main()
