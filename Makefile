@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # The hard safety rule: nothing run from here may leave 127.0.0.0/8.
 export SGLFLEET_LOOPBACK_ONLY := 1
 
-.PHONY: setup sshd demo test test-fast bench lab-down clean
+.PHONY: setup sshd demo test test-fast bench kernels lab-down clean
 
 sshd:
 	@test -x /usr/sbin/sshd || { echo "installing openssh-server"; \
@@ -20,7 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 	  { echo "sglfleet needs Python >= 3.11 ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	# torch pinned to the CPU build kept on disk here: an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,kernels]'
 	@touch $@
 
 setup: sshd $(VENV)/.installed
@@ -38,6 +40,10 @@ test-fast: test
 
 bench: setup
 	$(PY) bench/fanout.py
+
+# The DDTree extension: CPU-only here; with a CUDA torch and nvcc, CUDA for sm_90 (see kernels/ddtree/README.md).
+kernels: setup
+	$(PY) -m kernels.ddtree.build
 
 lab-down: setup
 	$(SGLFLEET) lab down
