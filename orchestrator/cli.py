@@ -17,7 +17,6 @@ from . import output
 from .errors import ConfigError, SglfleetError
 from .facts import gather
 from .group import DEFAULT_FORKS, Group, TaskOutcome
-from .hostkeys import KnownHosts
 from .inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import shlex
-import socket
 import tarfile
 import threading
 import time

@@ -54,28 +54,21 @@ template <> struct KeyTraits<float> {
   }
   __device__ static float to_float(float v) { return v; }
 };
+// 16-bit floats (bf16, fp16) share the sign-magnitude layout, so one key transform serves both.
+__device__ __forceinline__ uint32_t key16(uint32_t u) { return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u); }
+__device__ __forceinline__ uint16_t bits16(uint32_t k) {
+  return (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
+}
 template <> struct KeyTraits<__nv_bfloat16> {
   static constexpr int kBits = 16;
-  __device__ static uint32_t key(__nv_bfloat16 v) {
-    const uint32_t u = __bfloat16_as_ushort(v);
-    return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u);
-  }
-  __device__ static float value(uint32_t k) {
-    const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
-    return __bfloat162float(__ushort_as_bfloat16(u));
-  }
+  __device__ static uint32_t key(__nv_bfloat16 v) { return key16(__bfloat16_as_ushort(v)); }
+  __device__ static float value(uint32_t k) { return __bfloat162float(__ushort_as_bfloat16(bits16(k))); }
   __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 };
 template <> struct KeyTraits<__half> {
   static constexpr int kBits = 16;
-  __device__ static uint32_t key(__half v) {
-    const uint32_t u = __half_as_ushort(v);
-    return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u);
-  }
-  __device__ static float value(uint32_t k) {
-    const uint16_t u = (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
-    return __half2float(__ushort_as_half(u));
-  }
+  __device__ static uint32_t key(__half v) { return key16(__half_as_ushort(v)); }
+  __device__ static float value(uint32_t k) { return __half2float(__ushort_as_half(bits16(k))); }
   __device__ static float to_float(__half v) { return __half2float(v); }
 };
 
