@@ -1,18 +1,45 @@
-"""The lab's shared read-only base layer: what every simulated host starts with.
+"""The lab's shared read-only base layer: what every simulated GPU host starts with.
 
-Built once per machine under the lab state dir and used as the lower overlay layer of all
-hosts, so a host's own changes never touch it. A stamp file records the recipe version;
-a changed recipe rebuilds the base.
+Built once per machine (in SGLFLEET_LAB_BASE, default /var/cache/sglfleet/base-<recipe>) and
+used as the lower overlay layer of all hosts of every lab, so a host's own changes never touch
+it. It holds:
+
+* /root/ml-env: a venv with the real sglang==0.5.23 (installed --no-deps, plus what its imports
+  need; torch 2.14.1 + torchvision 0.29.1 come from the machine's local wheel cache);
+* /root/models: Qwen3.6-27B (hybrid), Qwen3.6-27B-DFlash (draft, block size 16), Qwen3-8B —
+  config.json only;
+* the distribution's skeleton dotfiles for /root.
+
+The two stand-ins (nvidia-smi, sglfleet-sim-server) are not baked in: `lab up` writes them into
+each host's own layer (install_tools), so editing them needs no rebuild of this base.
+
+The venv is built at its real path: a private mount namespace binds the build dir over
+/root/ml-env, so every shebang and path inside it is the one hosts see.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-RECIPE_VERSION = "2-plain-venv-skel-dotfiles"
+from ..errors import SglfleetError
+from .image.models import write_models
+
+SGLANG_VERSION = "0.5.23"
+RECIPE_VERSION = f"3-sglang-{SGLANG_VERSION}"
+# What sglang's imports need (see shared notes); versions pinned where newer ones break it.
+SGLANG_IMPORT_DEPS = [
+    "numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec",
+    "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp", "transformers==5.19.0", "dill",
+    "apache-tvm-ffi==0.1.11", "sentencepiece==0.2.1", "compressed-tensors==0.18.0", "gguf",
+    "openai==2.8.0", "partial_json_parser", "einops", "triton",
+]
+TORCH = ["torch==2.14.1", "torchvision==0.29.1"]  # sglang's pin; taken from the local wheel cache
+IMAGE = Path(__file__).parent / "image"
 
 
 def base_python() -> str:
@@ -20,16 +47,20 @@ def base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
-def ensure_base(state_dir: Path) -> Path:
-    base = state_dir / "base"
+def base_dir() -> Path:
+    return Path(os.environ.get("SGLFLEET_LAB_BASE", f"/var/cache/sglfleet/base-{RECIPE_VERSION}"))
+
+
+def ensure_base(log=print) -> Path:
+    base = base_dir()
     stamp = base / ".sglfleet-base"
     if stamp.exists() and stamp.read_text().strip() == RECIPE_VERSION:
         return base
-    if base.exists():
-        shutil.rmtree(base)
-    building = state_dir / "base.building"
+    building = base.with_name(base.name + ".building")
     if building.exists():
         shutil.rmtree(building)
+    started = time.monotonic()
+    log(f"building the lab base image in {base} (once per machine; several minutes)")
     for d in ("root/models", "var/lib/sglfleet", "etc/systemd/system", "var/log/sglfleet"):
         (building / d).mkdir(parents=True, exist_ok=True)
     # A fresh host's root has the distribution's skeleton dotfiles, not this machine's:
@@ -38,9 +69,54 @@ def ensure_base(state_dir: Path) -> Path:
     for dotfile in (".bashrc", ".profile"):
         skel = Path("/etc/skel") / dotfile
         (building / "root" / dotfile).write_text(skel.read_text() if skel.exists() else "")
-    # The venv is created at its real path's twin; bin/python3 is a link to the base
-    # interpreter and sys.prefix follows pyvenv.cfg, so it works when mounted at /root/ml-env.
-    subprocess.run([base_python(), "-m", "venv", str(building / "root/ml-env")], check=True)
+    write_models(building / "root" / "models")
+    _build_venv(building / "root", log)
     (building / ".sglfleet-base").write_text(RECIPE_VERSION + "\n")
+    if base.exists():
+        shutil.rmtree(base)
     building.rename(base)
+    log(f"lab base image built in {time.monotonic() - started:.0f}s")
     return base
+
+
+def install_tools(bin_dir: Path) -> None:
+    """Write the lab stand-ins into a host's /usr/local/bin (its upper layer)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi", "/usr/bin/env python3"),
+                                      (Path(__file__).with_name("sim_server.py"), "sglfleet-sim-server",
+                                       "/root/ml-env/bin/python3")):
+        text = source.read_text()
+        if text.startswith("#!"):
+            text = text.split("\n", 1)[1]
+        (bin_dir / name).write_text(f"#!{interpreter}\n" + text)
+        (bin_dir / name).chmod(0o755)
+
+
+def _build_venv(root_upper: Path, log) -> None:
+    """Create /root/ml-env where hosts will see it: inside a private mount namespace, /root is
+    an overlay whose upper layer is the base's root/, so the venv is written straight there."""
+    work = root_upper.with_name("root.work")
+    work.mkdir(exist_ok=True)
+    pip = "/root/ml-env/bin/python3 -m pip install -q --disable-pip-version-check"
+    script = " && ".join([
+        f"mount -t overlay overlay -o lowerdir=/root,upperdir={root_upper},workdir={work} /root",
+        f"{base_python()} -m venv /root/ml-env",
+        f"{pip} {' '.join(TORCH)}",
+        f"{pip} --no-deps sglang=={SGLANG_VERSION}",
+        f"{pip} {' '.join(repr(d) for d in SGLANG_IMPORT_DEPS)}",
+        "/root/ml-env/bin/python3 -c 'from sglang.srt.server_args import prepare_server_args'",
+    ])
+    log("  installing sglang and torch into the base venv")
+    # No pip cache: it would land in the image (the local wheels come from pip's find-links).
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "0"}
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script],
+                          capture_output=True, text=True, env=env)
+    shutil.rmtree(work, ignore_errors=True)
+    for stray in (".cache", ".python_history", ".bash_history"):
+        target = root_upper / stray
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        elif target.exists():
+            target.unlink()
+    if proc.returncode != 0:
+        raise SglfleetError(f"building the lab base venv failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

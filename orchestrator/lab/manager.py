@@ -35,7 +35,7 @@ SSHD = "/usr/sbin/sshd"
 HOSTINIT = Path(__file__).with_name("hostinit.py")
 
 # Per-host overlay targets; each is lower = [base copy if any, the real directory].
-OVERLAY_TARGETS = ("/root", "/var/lib", "/var/log", "/etc/systemd")
+OVERLAY_TARGETS = ("/root", "/var/lib", "/var/log", "/etc/systemd", "/usr/local/bin")
 
 
 def default_state_dir() -> Path:
@@ -131,7 +131,7 @@ class Lab:
             raise SglfleetError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
         self.check_prerequisites()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        base = lab_base.ensure_base(self.state_dir)
+        base = lab_base.ensure_base()
         self._ensure_client_key()
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
 
@@ -170,6 +170,11 @@ class Lab:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-lab",
                         "-f", str(host_key)], check=True)
         (hdir / "sshd_config").write_text(_sshd_config(address, host_key, self.state_dir, hdir))
+        # The GPU this host declares, read by the nvidia-smi and server stand-ins.
+        declared = hdir / "upper" / "var_lib" / "sglfleet-lab"
+        declared.mkdir(parents=True)
+        (declared / "gpu").write_text(f"{gpu} 1\n")
+        lab_base.install_tools(hdir / "upper" / "usr_local_bin")
         overlays = []
         for target in OVERLAY_TARGETS:
             Path(target).mkdir(parents=True, exist_ok=True)

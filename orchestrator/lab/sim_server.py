@@ -1,0 +1,363 @@
+#!/root/ml-env/bin/python3
+"""LAB SIMULATION of an SGLang server: no GPU, no weights. Installed on lab hosts as
+/usr/local/bin/sglfleet-sim-server and invoked with exactly the argv of
+`python -m sglang.launch_server`.
+
+1. It parses and validates the argv with the REAL SGLang on the host (prepare_server_args,
+   then resolve_once) inside SGLang's own platform override for the GPU the host declares
+   (/var/lib/sglfleet-lab/gpu). A config SGLang would reject on that GPU is rejected here with
+   SGLang's own traceback on stderr and exit code 1 (argparse errors: exit code 2, as SGLang).
+   As on a real GPU host, where SGLang finds CUDA itself, `--device cuda` is implied.
+2. Otherwise, after a model-load delay, it serves SGLang's HTTP API on --host/--port with
+   deterministic answers; /server_info says it is a lab simulation and echoes the resolved args.
+3. It logs like SGLang, including periodic `Decode batch, ...` lines with accept len / rate
+   when speculative decoding is configured, and drains on SIGTERM like SGLang.
+
+Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE_LOG_S
+(default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after
+validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
+SGLFLEET_SIM_HEALTH_FAIL=1, SGLFLEET_SIM_SLOW_MS (per request).
+"""
+
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# What SGLang's platform probes would report on each declarable GPU.
+GPU_FACTS = {
+    "h200": {"is_cuda": True, "is_sm90": True, "device_capability": (9, 0), "is_hopper_with_cuda_12_3": True},
+    "h100": {"is_cuda": True, "is_sm90": True, "device_capability": (9, 0), "is_hopper_with_cuda_12_3": True},
+    "a100": {"is_cuda": True, "is_sm90": False, "device_capability": (8, 0), "is_hopper_with_cuda_12_3": False},
+    "l40s": {"is_cuda": True, "is_sm90": False, "device_capability": (8, 9), "is_hopper_with_cuda_12_3": False},
+}
+GPU_FILE = "/var/lib/sglfleet-lab/gpu"
+log = logging.getLogger("sglang")
+
+
+def env_float(name, default):
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def declared_gpu():
+    value = os.environ.get("SGLFLEET_LAB_GPU")
+    if not value:
+        try:
+            value = open(GPU_FILE).read().split()[0]
+        except (OSError, IndexError):
+            value = "h200"
+    return value.lower() if value.lower() in GPU_FACTS else "h200"
+
+
+def with_device(argv):
+    if any(a == "--device" or a.startswith("--device=") for a in argv):
+        return list(argv)
+    return list(argv) + ["--device", "cuda"]
+
+
+def validate(argv, gpu):
+    """The real SGLang: parse, then the version's full validation, as if on `gpu`."""
+    from sglang.srt.runtime_context import override_platform
+    from sglang.srt.server_args import prepare_server_args
+
+    with override_platform(**GPU_FACTS[gpu]):
+        args = prepare_server_args(with_device(argv))
+        resolve = getattr(args, "resolve_once", None)
+        if resolve is not None:  # 0.5.23; older versions validated in __post_init__
+            resolve()
+    return args
+
+
+def resolved_view(args):
+    # 0.5.23's ServerArgs keeps its fields in __slots__; older versions in the instance dict.
+    names = set(getattr(type(args), "__slots__", ())) | set(getattr(args, "__dict__", {}))
+    out = {}
+    for key in sorted(names):
+        if key.startswith("_"):
+            continue
+        value = getattr(args, key, None)
+        try:
+            json.dumps(value)
+            out[key] = value
+        except (TypeError, ValueError):
+            out[key] = repr(value)
+    return out
+
+
+def spec_figures(args):
+    """Plausible, deterministic accept length / rate for the configured speculation."""
+    algorithm = getattr(args, "speculative_algorithm", None)
+    if not algorithm:
+        return None
+    draft = getattr(args, "speculative_num_draft_tokens", None) or getattr(args, "speculative_dflash_block_size",
+                                                                           None) or 16
+    budget = getattr(args, "speculative_ddtree_budget", None)
+    accept = 3.4 if str(algorithm).upper() == "DFLASH" else 2.6
+    if budget:  # a bigger tree accepts more, with diminishing returns
+        accept += 0.55 * math.log2(max(1.0, budget / 8.0))
+    accept = min(accept, float(draft))
+    rate = (accept - 1.0) / max(1.0, float(draft) - 1.0)
+    return round(accept, 2), round(rate, 2)
+
+
+def is_hybrid(args):
+    try:
+        config = json.load(open(os.path.join(args.model_path, "config.json")))
+    except (OSError, ValueError, TypeError):
+        return False
+    text = config.get("text_config", config)
+    return "linear_attention" in (text.get("layer_types") or [])
+
+
+class SimServer:
+    def __init__(self, args, gpu, argv):
+        self.args = args
+        self.gpu = gpu
+        self.argv = argv
+        self.ready = False
+        self.draining = False
+        self.in_flight = 0
+        self.served = 0
+        self.lock = threading.Lock()
+        self.spec = spec_figures(args)
+        self.hybrid = is_hybrid(args)
+        self.httpd = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self):
+        if os.environ.get("SGLFLEET_SIM_HANG_LOAD") == "1":
+            log.info("Load weight begin. (lab simulation: hanging during load, as asked)")
+            return
+        log.info("Load weight begin. avail mem=139.00 GB (lab simulation)")
+        time.sleep(env_float("SGLFLEET_SIM_LOAD_DELAY", 3.0))
+        log.info("Load weight end. type=%s, dtype=torch.bfloat16, avail mem=85.10 GB, mem usage=53.90 GB.",
+                 self.args.model_path)
+        with self.lock:
+            self.ready = True
+        log.info("The server is fired up and ready to roll!")
+
+    def crash_timer(self):
+        delay = env_float("SGLFLEET_SIM_CRASH_AFTER", 0.0)
+        if delay > 0:
+            time.sleep(delay)
+            sys.stderr.write("RuntimeError: CUDA error: an illegal memory access was encountered "
+                             "(lab simulation: crash after %.1fs, as asked)\n" % delay)
+            sys.stderr.flush()
+            os._exit(1)
+
+    def decode_logger(self):
+        interval = env_float("SGLFLEET_SIM_DECODE_LOG_S", 5.0)
+        while True:
+            time.sleep(interval)
+            with self.lock:
+                if not self.ready or self.draining:
+                    continue
+                running = self.in_flight
+            tokens = 1024 + 64 * running
+            if self.hybrid:
+                part = "#full token: %d, full token usage: %.2f, mamba num: %d, mamba usage: %.2f" % (
+                    tokens, tokens / 400000.0, max(1, running), max(1, running) / 48.0)
+            else:
+                part = "#token: %d, token usage: %.2f" % (tokens, tokens / 400000.0)
+            spec = ""
+            if self.spec:
+                spec = ", accept len: %.2f, accept rate: %.2f" % self.spec
+            log.info("Decode batch, #running-req: %d, %s%s, cuda graph: True, gen throughput (token/s): %.2f, "
+                     "#queue-req: 0", running, part, spec, 95.0 * (self.spec[0] if self.spec else 1.0))
+
+    def on_sigterm(self, signum, frame):
+        with self.lock:
+            self.draining = True
+        threading.Thread(target=self.drain, daemon=True).start()
+
+    def drain(self):
+        interval = env_float("SGLFLEET_SIM_DRAIN_LOG_S", 5.0)
+        while True:
+            with self.lock:
+                remaining = self.in_flight
+            if remaining == 0:
+                break
+            log.info("Gracefully exiting... Remaining number of requests %d", remaining)
+            time.sleep(interval)
+        log.info("Gracefully exiting... Remaining number of requests 0")
+        self.httpd.shutdown()
+
+    def serve(self):
+        host = getattr(self.args, "host", "127.0.0.1") or "127.0.0.1"
+        port = int(getattr(self.args, "port", 30000) or 30000)
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *a):
+                log.info('%s - "%s"', self.address_string(), fmt % a)
+
+            def do_GET(self):
+                server.handle(self, "GET")
+
+            def do_POST(self):
+                server.handle(self, "POST")
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        for target in (self.load, self.crash_timer, self.decode_logger):
+            threading.Thread(target=target, daemon=True).start()
+        log.info("Uvicorn running on http://%s:%d (lab simulation of SGLang, GPU %s)", host, port, self.gpu)
+        self.httpd.serve_forever()
+        return 0
+
+    # ------------------------------------------------------------------ HTTP
+    def healthy(self):
+        with self.lock:
+            return self.ready and not self.draining and os.environ.get("SGLFLEET_SIM_HEALTH_FAIL") != "1"
+
+    def handle(self, request, method):
+        path = request.path.split("?", 1)[0]
+        length = int(request.headers.get("Content-Length") or 0)
+        body = request.rfile.read(length) if length else b""
+        try:
+            payload = json.loads(body) if body else {}
+        except ValueError:
+            return self.reply(request, 400, {"error": "invalid JSON body"})
+        routes = {
+            ("GET", "/health"): self.health, ("GET", "/health_generate"): self.health,
+            ("GET", "/ready"): self.ready_route, ("GET", "/ping"): lambda p: (200, "pong"),
+            ("GET", "/server_info"): self.server_info, ("GET", "/get_server_info"): self.server_info,
+            ("GET", "/model_info"): self.model_info, ("GET", "/v1/models"): self.models,
+            ("GET", "/v1/loads"): self.loads, ("GET", "/metrics"): self.metrics,
+            ("POST", "/generate"): self.generate, ("POST", "/v1/chat/completions"): self.chat,
+        }
+        route = routes.get((method, path))
+        if route is None:
+            return self.reply(request, 404, {"error": "not found: %s %s" % (method, path)})
+        status, answer = route(payload)
+        return self.reply(request, status, answer)
+
+    def reply(self, request, status, answer):
+        if isinstance(answer, str):
+            data, kind = answer.encode(), "text/plain; version=0.0.4"
+        else:
+            data, kind = json.dumps(answer).encode(), "application/json"
+        request.send_response(status)
+        request.send_header("Content-Type", kind)
+        request.send_header("Content-Length", str(len(data)))
+        request.end_headers()
+        request.wfile.write(data)
+
+    def health(self, payload):
+        return (200, "") if self.healthy() else (503, "")
+
+    def ready_route(self, payload):
+        with self.lock:
+            ok = self.ready and not self.draining
+        return (200, {"status": "ready"}) if ok else (503, {"status": "not ready"})
+
+    def server_info(self, payload):
+        import sglang
+
+        return 200, {"lab_simulation": True, "simulated_gpu": self.gpu, "version": sglang.__version__,
+                     "argv": self.argv, "server_args": resolved_view(self.args)}
+
+    def model_info(self, payload):
+        return 200, {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
+                     "is_generation": True, "weight_version": "default", "lab_simulation": True}
+
+    def models(self, payload):
+        name = getattr(self.args, "served_model_name", None) or self.args.model_path
+        return 200, {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "sglang",
+                                                 "root": self.args.model_path}]}
+
+    def loads(self, payload):
+        with self.lock:
+            return 200, {"num_running_reqs": self.in_flight, "num_waiting_reqs": 0, "num_served": self.served}
+
+    def metrics(self, payload):
+        if not getattr(self.args, "enable_metrics", False):
+            return 404, {"error": "metrics are off; start with --enable-metrics"}
+        with self.lock:
+            running, served = self.in_flight, self.served
+        accept, rate = self.spec or (1.0, 0.0)
+        lines = ["# lab simulation of SGLang metrics",
+                 "# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs %d" % running,
+                 "# TYPE sglang:spec_accept_length gauge", "sglang:spec_accept_length %.2f" % accept,
+                 "# TYPE sglang:spec_accept_rate gauge", "sglang:spec_accept_rate %.2f" % rate,
+                 "# TYPE sglang:num_requests_total counter", "sglang:num_requests_total %d" % served]
+        return 200, "\n".join(lines) + "\n"
+
+    def _complete(self, prompt, max_new_tokens):
+        with self.lock:
+            if not self.ready or self.draining:
+                return None
+            self.in_flight += 1
+        try:
+            time.sleep(env_float("SGLFLEET_SIM_SLOW_MS", 0.0) / 1000.0)
+            words = (prompt or "lab").split() or ["lab"]
+            text = " ".join(words[i % len(words)] for i in range(max_new_tokens))
+            return text
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.served += 1
+
+    def _meta(self, prompt, n):
+        accept, rate = self.spec or (1.0, 0.0)
+        meta = {"prompt_tokens": len((prompt or "").split()), "completion_tokens": n,
+                "finish_reason": {"type": "length", "length": n}}
+        if self.spec:
+            meta.update(spec_accept_length=accept, spec_accept_rate=rate,
+                        spec_verify_ct=max(1, int(math.ceil(n / accept))))
+        return meta
+
+    def generate(self, payload):
+        prompt = payload.get("text", "")
+        n = int((payload.get("sampling_params") or {}).get("max_new_tokens", 16))
+        text = self._complete(prompt, n)
+        if text is None:
+            return 503, {"error": "server is not ready"}
+        return 200, {"text": text, "meta_info": self._meta(prompt, n)}
+
+    def chat(self, payload):
+        messages = payload.get("messages") or []
+        prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+        n = int(payload.get("max_tokens") or 16)
+        text = self._complete(prompt, n)
+        if text is None:
+            return 503, {"error": "server is not ready"}
+        return 200, {"id": "chatcmpl-lab", "object": "chat.completion", "model": self.args.model_path,
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                  "finish_reason": "length"}],
+                     "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": n,
+                               "total_tokens": len(prompt.split()) + n}}
+
+
+def main(argv):
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="[%(asctime)s] %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S")
+    gpu = declared_gpu()
+    try:
+        args = validate(argv, gpu)
+    except SystemExit:
+        raise  # argparse: SGLang's own usage message and exit code 2
+    except Exception:
+        traceback.print_exc()
+        return 1
+    if os.environ.get("SGLFLEET_SIM_VALIDATE_ONLY") == "1":
+        print(json.dumps({"ok": True, "gpu": gpu, "speculative_algorithm": getattr(args, "speculative_algorithm",
+                                                                                  None)}))
+        return 0
+    return SimServer(args, gpu, argv).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,29 @@
+"""Sent over stdin to a lab host's /root/ml-env/bin/python3 by test_lab_image.py.
+
+Calls the real SGLang directly — prepare_server_args, then resolve_once — under SGLang's own
+platform override for an H200, for each argv case in argv[1] (JSON), and prints one JSON list
+of outcomes: {"exit": 0} | {"exit": 1, "type": ExceptionName} | {"exit": 2} (argparse).
+Written independently of the server stand-in, so the test compares two separate paths.
+"""
+
+import contextlib
+import io
+import json
+import sys
+
+from sglang.srt.runtime_context import override_platform
+from sglang.srt.server_args import prepare_server_args
+
+H200 = {"is_cuda": True, "is_sm90": True, "device_capability": (9, 0), "is_hopper_with_cuda_12_3": True}
+outcomes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        with override_platform(**H200), contextlib.redirect_stderr(io.StringIO()):
+            args = prepare_server_args(argv + ["--device", "cuda"])
+            args.resolve_once()
+        outcomes.append({"exit": 0})
+    except SystemExit as exc:
+        outcomes.append({"exit": exc.code})
+    except Exception as exc:
+        outcomes.append({"exit": 1, "type": type(exc).__name__})
+print(json.dumps(outcomes))
