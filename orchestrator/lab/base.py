@@ -20,6 +20,7 @@ The venv is built at its real path: a private mount namespace binds the build di
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -79,10 +80,18 @@ def ensure_base(log=print) -> Path:
     return base
 
 
-def install_tools(bin_dir: Path) -> None:
-    """Write the lab stand-ins into a host's /usr/local/bin (its upper layer)."""
+def install_tools(bin_dir: Path, gpu: str) -> None:
+    """Write the lab stand-ins into a host's /usr/local/bin (its upper layer).
+
+    nvidia-smi is a small sh script: the query `sglfleet facts` sends is answered from text
+    rendered here, for this host's GPU; anything else execs the full Python stand-in. Every host
+    runs it on every facts call, and on a lab machine all hosts share the controller's cores: a
+    Python start per host made the 32-host fan-out benchmark measure the simulator, not sglfleet.
+    """
+    from ..facts import Gpus
+
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi", "/usr/bin/env python3"),
+    for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi.py", "/usr/bin/env python3"),
                                       (Path(__file__).with_name("sim_server.py"), "sglfleet-sim-server",
                                        "/root/ml-env/bin/python3")):
         text = source.read_text()
@@ -90,6 +99,15 @@ def install_tools(bin_dir: Path) -> None:
             text = text.split("\n", 1)[1]
         (bin_dir / name).write_text(f"#!{interpreter}\n" + text)
         (bin_dir / name).chmod(0o755)
+    query = Gpus.argv[1:]
+    rendered = subprocess.run([sys.executable, str(IMAGE / "nvidia_smi.py"), *query], capture_output=True,
+                              text=True, check=True, env={**os.environ, "SGLFLEET_LAB_GPU": gpu}).stdout
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/sh\n# sglfleet lab simulation of nvidia-smi (see nvidia-smi.py beside it).\n"
+        f'if [ "$*" = {shlex.quote(" ".join(query))} ]; then\n'
+        f"cat <<'SGLFLEET_EOF'\n{rendered}SGLFLEET_EOF\nexit 0\nfi\n"
+        'exec /usr/local/bin/nvidia-smi.py "$@"\n')
+    (bin_dir / "nvidia-smi").chmod(0o755)
 
 
 def _build_venv(root_upper: Path, log) -> None:

@@ -174,7 +174,7 @@ class Lab:
         declared = hdir / "upper" / "var_lib" / "sglfleet-lab"
         declared.mkdir(parents=True)
         (declared / "gpu").write_text(f"{gpu} 1\n")
-        lab_base.install_tools(hdir / "upper" / "usr_local_bin")
+        lab_base.install_tools(hdir / "upper" / "usr_local_bin", gpu)
         overlays = []
         for target in OVERLAY_TARGETS:
             Path(target).mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ None, lists) on stdout, which the controller reads with ast.literal_eval.
 
 It runs on every host for every command, so it stays cheap: it imports no json (12 ms of
 regex compilation at import, half of this probe's CPU), no importlib.metadata (dist-info
-folder names are read directly), and starts no subprocess for what Python can read itself.
+folder names are read directly), no subprocess module (posix_spawn instead), and starts no
+process for what Python can read itself.
 Stdlib only; must run on Python 3.8+.
 """
 
@@ -18,19 +19,44 @@ import time
 
 
 def run_command(argv, timeout=20):
-    started = time.monotonic()
-    if not any(os.access(os.path.join(d, argv[0]), os.X_OK)
-               for d in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)):
-        return {"rc": 127, "stdout": "", "stderr": "%s: command not found" % argv[0], "seconds": 0.0}
-    import subprocess  # only hosts that have the command pay for the import
+    """Run argv, capturing stdout/stderr, via posix_spawnp and pipes: the subprocess module
+    costs ~8 ms of imports, paid on every host of every facts call."""
+    import select
 
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"rc": None, "stdout": "", "stderr": "timed out after %ss" % timeout,
-                "seconds": time.monotonic() - started}
-    return {"rc": proc.returncode, "stdout": proc.stdout.decode("utf-8", "replace"),
-            "stderr": proc.stderr.decode("utf-8", "replace"), "seconds": time.monotonic() - started}
+    started = time.monotonic()
+    path = os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    if not any(os.access(os.path.join(d, argv[0]), os.X_OK) for d in path):
+        return {"rc": 127, "stdout": "", "stderr": "%s: command not found" % argv[0], "seconds": 0.0}
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+               (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
+    pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+    os.close(out_w)
+    os.close(err_w)
+    chunks = {out_r: [], err_r: []}
+    open_fds = [out_r, err_r]
+    while open_fds:
+        left = timeout - (time.monotonic() - started)
+        ready = select.select(open_fds, [], [], max(0.0, left))[0] if left > 0 else []
+        if not ready:
+            os.kill(pid, 9)
+            break
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                chunks[fd].append(data)
+            else:
+                open_fds.remove(fd)
+    for fd in (out_r, err_r):
+        os.close(fd)
+    status = os.waitpid(pid, 0)[1]
+    timed_out = bool(open_fds)
+    rc = None if timed_out else (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
+    return {"rc": rc, "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
+            "stderr": ("timed out after %ss" % timeout) if timed_out else
+            b"".join(chunks[err_r]).decode("utf-8", "replace"),
+            "seconds": time.monotonic() - started}
 
 
 def hostname():

@@ -2,11 +2,13 @@
 """Lab stand-in for `nvidia-smi` (installed as /usr/local/bin/nvidia-smi on lab hosts).
 
 THIS IS A SIMULATION: lab hosts have no GPU. It prints a realistic listing for the GPU the host
-declares (/var/lib/sglfleet-lab/gpu, written from the inventory's `lab_gpu`), and its first line
+declares (/var/lib/sglfleet-lab/gpu, written from the inventory's `lab_gpu`; SGLFLEET_LAB_GPU
+when rendering at `lab up`), and its first line
 always says it is a lab simulation. Supports the plain listing, `-L`, and
 `--query-gpu=FIELDS --format=csv[,noheader][,nounits]`.
 """
 
+import os
 import sys
 
 GPUS = {  # name, memory MiB, power cap W, compute capability
@@ -20,10 +22,13 @@ BANNER = "# sglfleet lab simulation: no real GPU on this host"
 
 
 def declared() -> tuple[str, int]:
-    try:
-        text = open("/var/lib/sglfleet-lab/gpu").read().split()
-    except OSError:
-        return "h200", 1
+    if os.environ.get("SGLFLEET_LAB_GPU"):  # rendering for a host at `lab up`
+        text = [os.environ["SGLFLEET_LAB_GPU"]]
+    else:
+        try:
+            text = open("/var/lib/sglfleet-lab/gpu").read().split()
+        except OSError:
+            return "h200", 1
     kind = text[0].lower() if text else "h200"
     count = int(text[1]) if len(text) > 1 and text[1].isdigit() else 1
     return (kind if kind in GPUS else "h200"), count
