@@ -102,9 +102,8 @@ class Group:
             result = HostResult(host.name, False, error=f"{type(exc).__name__}: {exc}\n{detail}",
                                 duration=time.monotonic() - started)
         else:
-            ok = not (isinstance(value, TaskOutcome) and not value.ok)
-            if isinstance(value, TaskOutcome):
-                result = HostResult(host.name, ok, value.value, value.error, time.monotonic() - started)
+            if isinstance(value, TaskOutcome):  # reached the host, and it said how it went
+                result = HostResult(host.name, value.ok, value.value, value.error, time.monotonic() - started)
             else:
                 result = HostResult(host.name, True, value, None, time.monotonic() - started)
         self._emit(host.name, "ok" if result.ok else "failed", result.error or "")

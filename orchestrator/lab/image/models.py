@@ -12,6 +12,19 @@ from pathlib import Path
 
 HYBRID_LAYERS = 16  # 3 linear-attention layers, then 1 full-attention layer, repeated
 
+# The Qwen3.6 decoder's shape; the DFlash draft shares it (same vocab, width and heads).
+QWEN36_SHAPE = {
+    "vocab_size": 248320,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-06,
+}
+
 QWEN36_27B = {
     "architectures": ["Qwen3_5ForConditionalGeneration"],
     "model_type": "qwen3_5",
@@ -22,16 +35,8 @@ QWEN36_27B = {
     "vision_start_token_id": 248053,
     "text_config": {
         "model_type": "qwen3_5_text",
-        "vocab_size": 248320,
-        "hidden_size": 512,
-        "intermediate_size": 1024,
+        **QWEN36_SHAPE,
         "num_hidden_layers": HYBRID_LAYERS,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "head_dim": 64,
-        "hidden_act": "silu",
-        "max_position_embeddings": 262144,
-        "rms_norm_eps": 1e-06,
         "attention_bias": False,
         "attn_output_gate": True,
         "full_attention_interval": 4,
@@ -66,16 +71,8 @@ QWEN36_27B_DFLASH = {
     "block_size": 16,
     "num_target_layers": HYBRID_LAYERS,
     "target_layer_ids": [1, 5, 9, 13],
-    "vocab_size": 248320,
-    "hidden_size": 512,
-    "intermediate_size": 1024,
+    **QWEN36_SHAPE,
     "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "hidden_act": "silu",
-    "max_position_embeddings": 262144,
-    "rms_norm_eps": 1e-06,
     "rope_theta": 10000000,
     "torch_dtype": "bfloat16",
 }
