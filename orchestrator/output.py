@@ -7,6 +7,7 @@ otherwise), so stdout carries only the summary or, with --json, the JSON documen
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -19,7 +20,9 @@ from rich.table import Table
 
 from .group import GroupResult
 
-stdout = Console(soft_wrap=True)
+# Off a terminal (CI logs, pipes) Rich would assume 80 columns and wrap the tables; COLUMNS wins.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+stdout = Console(soft_wrap=True, width=_WIDTH)
 stderr = Console(stderr=True, soft_wrap=True)
 
 _STYLE = {"waiting": "dim", "connecting": "cyan", "running": "yellow", "ok": "green", "failed": "red"}
