@@ -78,3 +78,30 @@ def load_yaml(path: str | Path, display: str | None = None) -> Any:
         raise ConfigError(f"invalid YAML: {problem}", shown, line) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}", shown) from None
+
+
+def line_at(data: Any, loc: tuple) -> int | None:
+    """The line of the deepest mapping key along `loc` (a pydantic error location)."""
+    line = getattr(data, "line", None)
+    node = data
+    for part in loc:
+        if isinstance(node, SourceMap) and part in node:
+            line = node.line_of(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+            line = getattr(node, "line", line)
+        else:
+            break
+    return line
+
+
+def validation_error(exc: Any, data: Any, path: str) -> ConfigError:
+    """The first error of a pydantic ValidationError as a ConfigError with file:line."""
+    first = exc.errors()[0]
+    loc = tuple(first.get("loc", ()))
+    where = ".".join(str(p) for p in loc) or "document"
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        message = f"unknown key '{loc[-1]}'"
+    return ConfigError(f"{where}: {message}", path, line_at(data, loc))

@@ -1,0 +1,200 @@
+"""Patchsets: what sglfleet changes in an installed package, described so it can be verified.
+
+A patchset is a directory with `patchset.yaml`:
+
+    name: sglang-0.5.23-ddtree
+    package: sglang
+    versions: "==0.5.23"              # a PEP 440 specifier the installed version must satisfy
+    files:                            # whole files placed at a path relative to the package root
+      - path: srt/speculative/ddtree_utils.py
+        source: files/ddtree_utils.py # relative to the patchset directory
+        replaces: new                 # or the sha256 of the pristine file it replaces
+    edits:                            # anchored edits of files we may not copy
+      - path: srt/server_args.py
+        pristine_sha256: 3f2a...      # optional: refuse to edit anything else
+        anchor: "def prepare_server_args("
+        where: before                 # before | after the anchor
+        insert: |
+          # sglfleet: DDTree flags
+          ...
+
+An anchor must match exactly once in the pristine file. `render()` turns the pristine files of
+one host into the exact bytes each target path must hold, or says precisely why it cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from .errors import ConfigError, SglfleetError
+from .yamlsrc import SourceMap, load_yaml, validation_error
+
+NEW = "new"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _relative(path: str) -> str:
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise ValueError("must be a relative path inside the package, without '..'")
+    return str(p)
+
+
+def _hash_or_new(value: str | None) -> str | None:
+    if value is None or value == NEW:
+        return value
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError("must be 'new' or a 64-character lowercase sha256")
+    return value
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    source: str
+    replaces: str
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        return _relative(value)
+
+    @field_validator("replaces")
+    @classmethod
+    def _check_replaces(cls, value: str) -> str | None:
+        return _hash_or_new(value)
+
+
+class EditEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    anchor: str
+    insert: str
+    where: Literal["before", "after"] = "after"
+    pristine_sha256: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        return _relative(value)
+
+    @field_validator("pristine_sha256")
+    @classmethod
+    def _check_hash(cls, value: str | None) -> str | None:
+        if value == NEW:
+            raise ValueError("an edited file cannot be new; give its pristine sha256 or leave it out")
+        return _hash_or_new(value)
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    package: str
+    versions: str
+    files: list[FileEntry] = []
+    edits: list[EditEntry] = []
+
+    @field_validator("versions")
+    @classmethod
+    def _specifier(cls, value: str) -> str:
+        try:
+            SpecifierSet(value)
+        except InvalidSpecifier:
+            raise ValueError(f"'{value}' is not a version specifier such as '==0.5.23'") from None
+        return value
+
+
+class PatchError(SglfleetError):
+    """The patchset cannot be applied to what the host has."""
+
+
+@dataclass
+class Patchset:
+    directory: Path
+    manifest: Manifest
+    sources: dict[str, bytes]  # target path -> our file's bytes
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    def targets(self) -> list[str]:
+        """Every path in the package this patchset writes, each once, in a stable order."""
+        return sorted({f.path for f in self.manifest.files} | {e.path for e in self.manifest.edits})
+
+    def supports(self, version: str) -> bool:
+        try:
+            return Version(version) in SpecifierSet(self.manifest.versions)
+        except InvalidVersion:
+            return False
+
+    def render(self, pristine: dict[str, bytes | None]) -> dict[str, bytes]:
+        """Pristine bytes per target path (None: absent) -> the bytes each path must hold."""
+        out: dict[str, bytes] = {}
+        for entry in self.manifest.files:
+            current = pristine.get(entry.path)
+            if entry.replaces == NEW:
+                if current is not None:
+                    raise PatchError(f"{entry.path}: the patchset adds it as new, but the package already "
+                                     f"has a file there (sha256 {sha256(current)[:12]}…)")
+            elif current is None:
+                raise PatchError(f"{entry.path}: missing from the package; the patchset replaces a file there")
+            elif sha256(current) != entry.replaces:
+                raise PatchError(f"{entry.path}: not the pristine file the patchset expects (sha256 "
+                                 f"{sha256(current)[:12]}…, expected {entry.replaces[:12]}…)")
+            out[entry.path] = self.sources[entry.path]
+        for entry in self.manifest.edits:
+            base = out.get(entry.path, pristine.get(entry.path))
+            if base is None:
+                raise PatchError(f"{entry.path}: missing from the package; an anchored edit needs it")
+            if entry.pristine_sha256 and entry.path not in out and sha256(base) != entry.pristine_sha256:
+                raise PatchError(f"{entry.path}: not the pristine file the edit expects (sha256 "
+                                 f"{sha256(base)[:12]}…, expected {entry.pristine_sha256[:12]}…)")
+            text = base.decode("utf-8")
+            count = text.count(entry.anchor)
+            if count != 1:
+                raise PatchError(f"{entry.path}: the anchor {entry.anchor!r} matches {count} times; "
+                                 f"it must match exactly once")
+            insert = entry.insert if entry.insert.endswith("\n") else entry.insert + "\n"
+            at = text.index(entry.anchor)
+            if entry.where == "after":
+                line_end = text.find("\n", at + len(entry.anchor))
+                at = len(text) if line_end < 0 else line_end + 1
+            else:
+                at = text.rfind("\n", 0, at) + 1
+            out[entry.path] = (text[:at] + insert + text[at:]).encode("utf-8")
+        return out
+
+
+def load_patchset(directory: str | Path) -> Patchset:
+    directory = Path(directory)
+    manifest_path = directory / "patchset.yaml"
+    shown = str(manifest_path)
+    data = load_yaml(manifest_path, shown)
+    if not isinstance(data, SourceMap):
+        raise ConfigError("a patchset manifest must be a mapping (name, package, versions, files, edits)", shown, 1)
+    try:
+        manifest = Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, data, shown) from None
+    sources: dict[str, bytes] = {}
+    for index, entry in enumerate(manifest.files):
+        source = directory / entry.source
+        if not source.is_file():
+            line = data["files"][index].line_of("source")
+            raise ConfigError(f"files.{index}.source: {entry.source} does not exist in {directory}", shown, line)
+        if entry.path in sources:
+            raise ConfigError(f"files.{index}.path: {entry.path} is placed twice", shown,
+                              data["files"][index].line_of("path"))
+        sources[entry.path] = source.read_bytes()
+    return Patchset(directory, manifest, sources)
