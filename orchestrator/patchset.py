@@ -58,16 +58,21 @@ def _hash_or_new(value: str | None) -> str | None:
     return value
 
 
-class FileEntry(BaseModel):
+class _Entry(BaseModel):
+    """A change to one path of the package."""
+
     model_config = ConfigDict(extra="forbid")
     path: str
-    source: str
-    replaces: str
 
     @field_validator("path")
     @classmethod
     def _check_path(cls, value: str) -> str:
         return _relative(value)
+
+
+class FileEntry(_Entry):
+    source: str
+    replaces: str
 
     @field_validator("replaces")
     @classmethod
@@ -75,18 +80,11 @@ class FileEntry(BaseModel):
         return _hash_or_new(value)
 
 
-class EditEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    path: str
+class EditEntry(_Entry):
     anchor: str
     insert: str
     where: Literal["before", "after"] = "after"
     pristine_sha256: str | None = None
-
-    @field_validator("path")
-    @classmethod
-    def _check_path(cls, value: str) -> str:
-        return _relative(value)
 
     @field_validator("pristine_sha256")
     @classmethod
