@@ -54,7 +54,7 @@ def test_stand_in_accepts_and_rejects_exactly_as_sglang(inventory):
                                  [json.dumps([argv for argv, _ in CASES.values()])], timeout=600)
         assert direct.ok, direct.stderr_text
         want = json.loads(direct.stdout)
-        for (name, (argv, expected)), direct_outcome in zip(CASES.items(), want):
+        for (name, (argv, expected)), direct_outcome in zip(CASES.items(), want, strict=True):
             got = conn.run(f"SGLFLEET_SIM_VALIDATE_ONLY=1 sglfleet-sim-server {q(argv)}", timeout=300)
             assert got.exit_code == direct_outcome["exit"] == expected, (name, got.stderr_text[-2000:])
             if expected == 1:  # the stand-in shows SGLang's own traceback, ending in the same exception

@@ -1,8 +1,8 @@
 """DDTree kernels: a compiled extension (CUDA + CPU) and the reference it must match.
 
-    from kernels.ddtree import load
+    from kernels.ddtree import load, ops
     ext = load()                      # the built module (python -m kernels.ddtree.build)
-    tree = build_batch(ext, logits, budget=64)
+    tree = ops.draft_tree(ext, logits, budget=64)
 
 `ops.py` wraps the raw ops into one call per DDTree step.
 """

@@ -157,7 +157,7 @@ def main() -> None:
                    "identical_full_ref": f"{full}/{bs}", "graph_replay_matches": graph_ok}
             rows.append(row)
             print(json.dumps(row), flush=True)
-        del buffers
+        buffers.clear()  # free this batch size's inputs before the next one's
         torch.cuda.empty_cache()
 
     print(f"\n{'bs':>3} {'B':>4} {'(a) us':>8} {'(b) us':>8} {'(c) us':>8} {'(c) graph':>9} {'(d) us':>10} "

@@ -126,7 +126,7 @@ def _build_venv(root_upper: Path, log) -> None:
     ])
     log("  installing sglang and torch into the base venv")
     # No pip cache: it would land in the image (the local wheels come from pip's find-links).
-    env = {**os.environ, "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "0"}
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "1"}
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c", script],
                           capture_output=True, text=True, env=env)
     shutil.rmtree(work, ignore_errors=True)

@@ -14,12 +14,6 @@
 namespace ddtree {
 namespace {
 
-inline int next_pow2_host(int n) {
-  int p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-
 // ------------------------------------------------------------------ top-K + logsumexp
 //
 // Two kernels. topk_chunk_kernel: each CTA stages one chunk of a row (<= 64 KB) in shared memory
