@@ -146,6 +146,191 @@ def run_command(pattern: str = typer.Argument(..., help="Host pattern."),
     raise typer.Exit(results.exit_code)
 
 
+# ---------------------------------------------------------------- releases
+
+ForceOpt = typer.Option(False, "--force", help="Replace drifted files (neither pristine nor ours); "
+                        "the release's backup keeps them.")
+
+
+def _command_line() -> str:
+    return "sglfleet " + " ".join(sys.argv[1:])
+
+
+def _plan_row(value: dict[str, Any]) -> list[str]:
+    files = value["files"]
+    by = lambda *statuses: [f["key"].split("/", 1)[1] for f in files if f["status"] in statuses]  # noqa: E731
+    changing = by("add", "change", "update", "forced")
+    notes = value["refusals"] + value["notes"]
+    return [value.get("package_version") or "?", ", ".join(changing) or "-", str(len(by("current"))),
+            ", ".join(by("drifted")) or "-", "; ".join(notes) or "-"]
+
+
+@app.command()
+def plan(pattern: str = typer.Argument(..., help="Host pattern."),
+         profile: str = typer.Argument(..., help="Profile name (playbooks/NAME.yaml) or a .yaml path."),
+         inventory: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+         diff: bool = typer.Option(False, "--diff", help="Show a unified diff per changing file."),
+         force: bool = ForceOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Show what `push` would change on each host, without changing anything (one round trip per host)."""
+    from .profile import load_profile
+    from .releases import inspect, make_plan
+
+    inv, artifacts = _inventory(inventory), load_profile(profile).artifacts()
+    plans: dict[str, Any] = {}
+
+    def task(conn):
+        host_plan = make_plan(conn.host.name, inspect(conn, artifacts, with_text=diff), artifacts, force)
+        plans[conn.host.name] = host_plan
+        value = host_plan.summary()
+        return TaskOutcome(not host_plan.refusals, value, "; ".join(host_plan.refusals) or None)
+
+    results = _run_group(inv, pattern, task, "plan", forks, host_key_policy, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("plan", results, pattern=pattern, profile=profile))
+        raise typer.Exit(results.exit_code)
+    _release_table("plan", results, ["sglang", "would change", "current", "drifted", "notes"], _plan_row)
+    if diff:
+        for name, host_plan in plans.items():
+            for f in host_plan.changes:
+                output.stdout.rule(f"{name}: {f.key} ({f.status})")
+                sys.stdout.write(f.diff())
+        sys.stdout.flush()
+    raise typer.Exit(results.exit_code)
+
+
+def _release_table(title: str, results: Any, columns: list[str], row: Any) -> None:
+    """Like output.summary_table, but a host that answered keeps its row (refusals included)."""
+    table = output.Table(title=title)
+    table.add_column("host", style="bold")
+    table.add_column("status")
+    for col in columns:
+        table.add_column(col)
+    for name, result in results.items():
+        status = "[green]ok[/]" if result.ok else "[red]refused[/]" if result.value else "[red]failed[/]"
+        cells = row(result.value) if result.value else [(result.error or "failed").splitlines()[0]] + \
+            [""] * (len(columns) - 1)
+        table.add_row(output.escape(name), status, *[output.escape(c) for c in cells])
+    output.stdout.print(table)
+    ok, failed = len(results.succeeded), len(results.failed)
+    output.stdout.print(f"{ok} ok, {failed} failed", style="red" if failed else "green", highlight=False)
+    for name, result in results.failed.items():
+        if not result.value and result.error and "\n" in result.error:
+            output.stdout.print(f"\n[red]{output.escape(name)}[/]:\n{output.escape(result.error)}", highlight=False)
+
+
+@app.command()
+def push(pattern: str = typer.Argument(..., help="Host pattern."),
+         profile: str = typer.Argument(..., help="Profile name (playbooks/NAME.yaml) or a .yaml path."),
+         inventory: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+         force: bool = ForceOpt, dry_run: bool = typer.Option(False, "--dry-run", help="Only plan (same as `plan`)."),
+         bwlimit: Optional[float] = typer.Option(None, "--bwlimit", help="Limit each host's transfer to KiB/s."),
+         host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible."""
+    import os
+
+    from .profile import load_profile
+    from .releases import RemoteError, new_release_id
+    from .releases import push as push_host
+
+    if dry_run:
+        plan(pattern, profile, inventory, forks, as_json, False, force, host_key_policy)
+        return
+    inv, artifacts = _inventory(inventory), load_profile(profile).artifacts()
+    if bwlimit is not None and bwlimit <= 0:
+        raise ConfigError(f"--bwlimit must be a positive KiB/s figure, got {bwlimit}")
+    release_id, command = new_release_id(), _command_line()
+    # Fault-injection pacing between file swaps, used by the kill trials (tests/test_push.py).
+    pace_s = float(os.environ.get("SGLFLEET_SWAP_PACE_S", "0") or 0)
+
+    def task(conn):
+        try:
+            outcome = push_host(conn, artifacts, release_id, command, force=force,
+                                bwlimit=bwlimit * 1024 if bwlimit else None, pace_s=pace_s)
+        except RemoteError as exc:
+            return TaskOutcome(False, exc.document or None, str(exc))
+        return outcome.to_json()
+
+    results = _run_group(inv, pattern, task, "push", forks, host_key_policy, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("push", results, pattern=pattern, profile=profile, release=release_id))
+        raise typer.Exit(results.exit_code)
+
+    def row(v: dict[str, Any]) -> list[str]:
+        if "files" not in v:  # the host's own refusal (lock, verify) without a plan
+            return [v.get("error", "failed"), "", "", ""]
+        changed = [f["key"].split("/", 1)[1] for f in v["files"] if f["status"] in ("add", "change", "update", "forced")]
+        notes = v["notes"] + ([f"undid interrupted run {v['recovered']['txid']}"] if v.get("recovered") else [])
+        return [v["release"] or "already current", ", ".join(changed) or "-", output.human_bytes(v["content_bytes"]),
+                "; ".join(notes) or "-"]
+
+    _release_table(f"push {release_id}", results, ["release", "changed", "sent", "notes"], row)
+    raise typer.Exit(results.exit_code)
+
+
+@app.command()
+def releases(pattern: str = typer.Argument(..., help="Host pattern."),
+             inventory: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+             package: str = typer.Option("sglang", help="The package the releases changed."),
+             host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """List the releases recorded on each host, newest last."""
+    from .releases import list_releases
+
+    results = _run_group(_inventory(inventory), pattern, lambda conn: list_releases(conn, package), "releases",
+                         forks, host_key_policy, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("releases", results, pattern=pattern))
+        raise typer.Exit(results.exit_code)
+    for name, r in results.items():
+        if not r.ok:
+            output.stdout.print(f"[red]{output.escape(name)}[/]: {output.escape(r.error or 'failed')}")
+            continue
+        table = output.Table(title=f"{name}: {len(r.value['releases'])} release(s), current "
+                                   f"{r.value['current'] or 'none (pristine)'}")
+        for col in ("id", "when", "by", "status", "artifacts", "files"):
+            table.add_column(col)
+        for rec in r.value["releases"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec["time"]))
+            by = f"{rec['controller'].get('user')}@{rec['controller'].get('controller')}"
+            status = rec["status"] + (f" by {rec['rolled_back_by']}" if rec.get("rolled_back_by") else "")
+            arts = ", ".join(a["name"] for a in rec.get("artifacts", []))
+            table.add_row(rec["id"], when, by, status, arts, str(len(rec["files"])))
+        output.stdout.print(table)
+        if r.value.get("interrupted"):
+            output.stdout.print(f"  interrupted run {r.value['interrupted']} will be undone by the next push or "
+                                "rollback", style="yellow")
+    raise typer.Exit(results.exit_code)
+
+
+@app.command()
+def rollback(pattern: str = typer.Argument(..., help="Host pattern."),
+             to: Optional[str] = typer.Option(None, "--to", help="Release id to return to, or 'pristine' "
+                                              "(default: undo the newest release)."),
+             inventory: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+             package: str = typer.Option("sglang", help="The package the releases changed."),
+             force: bool = typer.Option(False, "--force", help="Roll back even files changed since their release."),
+             host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Restore the files of earlier releases (or the pristine package) byte for byte."""
+    from .releases import RemoteError
+    from .releases import rollback as rollback_host
+
+    command = _command_line()
+
+    def task(conn):
+        try:
+            return rollback_host(conn, package, to, command, force=force)
+        except RemoteError as exc:
+            return TaskOutcome(False, None, str(exc))
+
+    results = _run_group(_inventory(inventory), pattern, task, "rollback", forks, host_key_policy, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("rollback", results, pattern=pattern, to=to))
+        raise typer.Exit(results.exit_code)
+    output.summary_table("rollback", results, ["undid", "files restored", "current now"],
+                         lambda v: [", ".join(v["rolled_back"]) or "-", str(len(v["files"])),
+                                    v["current"] or "pristine"])
+    raise typer.Exit(results.exit_code)
+
+
 # ---------------------------------------------------------------- lab
 
 

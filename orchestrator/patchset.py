@@ -84,6 +84,9 @@ class EditEntry(_Entry):
     anchor: str
     insert: str
     where: Literal["before", "after"] = "after"
+    # Spaces put before every inserted line: YAML block scalars strip the common indentation,
+    # and code inserted into a class body needs it back.
+    indent: int = 0
     pristine_sha256: str | None = None
 
     @field_validator("pristine_sha256")
@@ -101,6 +104,8 @@ class Manifest(BaseModel):
     versions: str
     files: list[FileEntry] = []
     edits: list[EditEntry] = []
+    # Modules a fresh interpreter on the host must import after the swap (default: the package).
+    import_check: list[str] = []
 
     @field_validator("versions")
     @classmethod
@@ -136,12 +141,28 @@ class Patchset:
         except InvalidVersion:
             return False
 
-    def render(self, pristine: dict[str, bytes | None]) -> dict[str, bytes]:
-        """Pristine bytes per target path (None: absent) -> the bytes each path must hold."""
+    def expected_pristine(self, path: str) -> str | None:
+        """What the patchset says must be at `path` before it: a sha256, NEW, or None (unstated)."""
+        for f in self.manifest.files:
+            if f.path == path:
+                return f.replaces
+        return next((e.pristine_sha256 for e in self.manifest.edits if e.path == path), None)
+
+    def edited(self, path: str) -> bool:
+        """Whether `path` is only edited (its new bytes depend on the host's pristine file)."""
+        return path not in self.sources and any(e.path == path for e in self.manifest.edits)
+
+    def render(self, pristine: dict[str, bytes | None], verify: bool = True) -> dict[str, bytes]:
+        """Pristine bytes per target path (None: absent) -> the bytes each path must hold.
+
+        verify=False skips the pristine-hash checks (the caller classified the files itself,
+        e.g. under --force); anchors must still match exactly once."""
         out: dict[str, bytes] = {}
         for entry in self.manifest.files:
             current = pristine.get(entry.path)
-            if entry.replaces == NEW:
+            if not verify:
+                pass
+            elif entry.replaces == NEW:
                 if current is not None:
                     raise PatchError(f"{entry.path}: the patchset adds it as new, but the package already "
                                      f"has a file there (sha256 {sha256(current)[:12]}…)")
@@ -155,7 +176,8 @@ class Patchset:
             base = out.get(entry.path, pristine.get(entry.path))
             if base is None:
                 raise PatchError(f"{entry.path}: missing from the package; an anchored edit needs it")
-            if entry.pristine_sha256 and entry.path not in out and sha256(base) != entry.pristine_sha256:
+            if (verify and entry.pristine_sha256 and entry.path not in out
+                    and sha256(base) != entry.pristine_sha256):
                 raise PatchError(f"{entry.path}: not the pristine file the edit expects (sha256 "
                                  f"{sha256(base)[:12]}…, expected {entry.pristine_sha256[:12]}…)")
             text = base.decode("utf-8")
@@ -164,6 +186,9 @@ class Patchset:
                 raise PatchError(f"{entry.path}: the anchor {entry.anchor!r} matches {count} times; "
                                  f"it must match exactly once")
             insert = entry.insert if entry.insert.endswith("\n") else entry.insert + "\n"
+            if entry.indent:
+                pad = " " * entry.indent
+                insert = "".join(pad + line if line.strip() else line for line in insert.splitlines(True))
             at = text.index(entry.anchor)
             if entry.where == "after":
                 line_end = text.find("\n", at + len(entry.anchor))

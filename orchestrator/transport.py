@@ -232,6 +232,26 @@ class Connection:
             command = f"exec {shlex.quote(interpreter)} - {argv}"
         return self.run(command, stdin=Path(script).read_bytes(), timeout=timeout)
 
+    def run_script(self, script: str | Path, args: Iterable[str] = (), payload: StdinType = None,
+                   python: str | None = None, timeout: float | None = None) -> CommandResult:
+        """Like run_python, but stdin carries the script AND a payload after it (one round trip):
+        a one-line bootstrap reads exactly the script's bytes, runs them, and the script reads
+        the rest of stdin (e.g. a tar stream) itself."""
+        code = Path(script).read_bytes()
+        boot = (f"import sys;n=int(sys.argv.pop(1));"
+                f"exec(compile(sys.stdin.buffer.read(n),{Path(script).name!r},'exec'))")
+        argv = " ".join(shlex.quote(a) for a in [str(len(code)), *args])
+        command = f"exec {shlex.quote(python or self.host.python)} -c {shlex.quote(boot)} {argv}"
+
+        def stdin(writer: IO[bytes]) -> None:
+            writer.write(code)
+            if isinstance(payload, (bytes, bytearray)):
+                writer.write(payload)
+            elif callable(payload):
+                payload(writer)
+
+        return self.run(command, stdin=stdin, timeout=timeout)
+
     def put_tree(self, local_dir: str | Path, remote_dir: str, timeout: float | None = None) -> PushResult:
         """Push a directory tree as ONE tar stream over one exec channel."""
         local = Path(local_dir)

@@ -1,0 +1,105 @@
+"""Deployment profiles (`playbooks/<name>.yaml`): what to deploy and how to serve it.
+
+Paths in a profile are relative to the profile file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .artifacts import Extension, load_extension
+from .errors import ConfigError
+from .patchset import Patchset, load_patchset
+from .yamlsrc import SourceMap, load_yaml, validation_error
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ExtensionRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    # optional: a missing build is a note on the plan, not an error (CI builds CPU-only).
+    optional: bool = False
+
+
+class Deploy(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    patchset: str | None = None
+    extension: ExtensionRef | None = None
+
+
+class ProfileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    deploy: Deploy = Deploy()
+
+
+@dataclass
+class Artifacts:
+    patchset: Patchset | None
+    extension: Extension | None
+    notes: list[str]
+
+
+@dataclass
+class Profile:
+    path: Path
+    model: ProfileModel
+    source: SourceMap
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    def resolve(self, relative: str) -> Path:
+        return (self.path.parent / relative).resolve()
+
+    def artifacts(self) -> Artifacts:
+        deploy, notes = self.model.deploy, []
+        patchset = load_patchset(self.resolve(deploy.patchset)) if deploy.patchset else None
+        extension = None
+        if deploy.extension:
+            where = self.resolve(deploy.extension.path)
+            if (where / "metadata.json").is_file() or not deploy.extension.optional:
+                extension = load_extension(where)
+            else:
+                notes.append(f"extension {deploy.extension.path} is not built (make kernels); "
+                             "deploying without it")
+        return Artifacts(patchset, extension, notes)
+
+
+def find_profile(name_or_path: str) -> Path:
+    """A path to a .yaml file, or a name looked up in $SGLFLEET_PLAYBOOKS, ./playbooks, then
+    the playbooks/ shipped next to this package."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise ConfigError(f"profile file {name_or_path} does not exist")
+        return candidate
+    dirs = [Path(d) for d in os.environ.get("SGLFLEET_PLAYBOOKS", "").split(os.pathsep) if d]
+    dirs += [Path("playbooks"), PROJECT_ROOT / "playbooks"]
+    for d in dirs:
+        for suffix in (".yaml", ".yml"):
+            if (d / f"{name_or_path}{suffix}").is_file():
+                return d / f"{name_or_path}{suffix}"
+    known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.y*ml")})
+    raise ConfigError(f"no profile named '{name_or_path}' (looked in {', '.join(str(d) for d in dirs)}); "
+                      f"known profiles: {', '.join(known) or 'none'}")
+
+
+def load_profile(name_or_path: str) -> Profile:
+    path = find_profile(name_or_path)
+    shown = str(path)
+    data = load_yaml(path, shown)
+    if not isinstance(data, SourceMap):
+        raise ConfigError("a profile must be a mapping", shown, 1)
+    try:
+        model = ProfileModel.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc, data, shown) from None
+    return Profile(path, model, data)

@@ -1,0 +1,311 @@
+"""Releases: plan, push, list and roll back the artifacts of a profile on one host.
+
+The pipeline per host reads top to bottom:
+    inspect (one round trip: package, hashes, pristine bases, fingerprint facts)
+    -> plan (pure: classify every target file)
+    -> apply (one round trip: the changed files as one tar stream, swapped in on the host)
+The host side is `remote/release.py`; it holds the lock, the journal and the records.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import json
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from .errors import SglfleetError
+from .patchset import NEW, PatchError, sha256
+from .profile import Artifacts
+from .transport import CommandResult, Connection
+
+REMOTE_SCRIPT = Path(__file__).parent / "remote" / "release.py"
+EXIT_LOCKED = 3  # remote/release.py's exit code when another run holds the host's lock
+
+# Statuses of one target file in a plan.
+CURRENT = "current"    # already holds the new bytes
+ADD = "add"            # absent; the artifact adds it
+CHANGE = "change"      # holds the pristine bytes the artifact expects
+UPDATE = "update"      # holds an earlier sglfleet release's bytes
+DRIFTED = "drifted"    # neither pristine nor ours: refused unless --force
+FORCED = "forced"      # drifted, replaced because of --force (the backup keeps it)
+CHANGING = (ADD, CHANGE, UPDATE, FORCED)
+
+
+class RemoteError(SglfleetError):
+    def __init__(self, message: str, document: dict[str, Any] | None = None, exit_code: int = 1):
+        super().__init__(message)
+        self.document = document or {}
+        self.remote_exit = exit_code
+
+
+@dataclass
+class FilePlan:
+    key: str                  # "pkg/<path>" or "purelib/<file>"
+    status: str
+    before: str | None        # sha256 now on the host (None: absent)
+    after: str                # sha256 the file will have
+    data: bytes = field(repr=False, default=b"")
+    current_text: str | None = field(repr=False, default=None)
+    artifact: str = ""
+
+    def diff(self) -> str:
+        if self.status == CURRENT:
+            return ""
+        try:
+            new = self.data.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"Binary file {self.key} differs ({len(self.data)} bytes)\n"
+        old = self.current_text or ""
+        return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                            f"a/{self.key}", f"b/{self.key}"))
+
+
+@dataclass
+class HostPlan:
+    host: str
+    package_version: str | None
+    files: list[FilePlan]
+    refusals: list[str]       # reasons this host will not be changed
+    notes: list[str]          # skipped artifacts and other things worth a line
+    interrupted: str | None
+    import_check: list[str]
+
+    @property
+    def changes(self) -> list[FilePlan]:
+        return [f for f in self.files if f.status in CHANGING]
+
+    @property
+    def drifted(self) -> list[FilePlan]:
+        return [f for f in self.files if f.status == DRIFTED]
+
+    def summary(self) -> dict[str, Any]:
+        return {"package_version": self.package_version, "refusals": self.refusals, "notes": self.notes,
+                "interrupted": self.interrupted, "import_check": self.import_check,
+                "files": [{"key": f.key, "status": f.status, "before": f.before, "after": f.after,
+                           "artifact": f.artifact} for f in self.files]}
+
+
+def holder(command: str) -> dict[str, str]:
+    return {"user": getpass.getuser(), "controller": socket.gethostname(), "command": command}
+
+
+def new_release_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def call(conn: Connection, command: str, args: dict[str, Any], payload: Any = None,
+         timeout: float | None = 600) -> dict[str, Any]:
+    """Run one remote/release.py command; its JSON answer, or RemoteError with its message."""
+    result: CommandResult = conn.run_script(REMOTE_SCRIPT, [command, json.dumps(args)], payload=payload,
+                                            python=conn.host.python, timeout=timeout)
+    try:
+        document = json.loads(result.stdout_text) if result.stdout.strip() else None
+    except ValueError:
+        document = None
+    if document is None:
+        why = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+        raise RemoteError(f"{conn.host.name}: release helper gave no answer ({why}):\n"
+                          f"{result.stdout_text}{result.stderr_text}".rstrip())
+    if not document.get("ok"):
+        raise RemoteError(f"{conn.host.name}: {document.get('error')}", document, result.exit_code or 1)
+    return document
+
+
+# ---------------------------------------------------------------- inspect + plan
+
+
+def targets(artifacts: Artifacts) -> list[tuple[str, bool]]:
+    """(key, needs the pristine base) for every file the artifacts may write."""
+    out = []
+    if artifacts.patchset:
+        out += [(f"pkg/{p}", artifacts.patchset.edited(p)) for p in artifacts.patchset.targets()]
+    if artifacts.extension:
+        out.append((artifacts.extension.key, False))
+    return out
+
+
+def inspect(conn: Connection, artifacts: Artifacts, recover: bool = False, command: str = "inspect",
+            with_text: bool = False) -> dict[str, Any]:
+    package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
+    args = {"package": package, "targets": [[k, base, with_text] for k, base in targets(artifacts)],
+            "recover": recover, "holder": holder(command)}
+    return call(conn, "inspect", args)
+
+
+def make_plan(host: str, inspected: dict[str, Any], artifacts: Artifacts, force: bool = False) -> HostPlan:
+    """Classify every target file from one host's inspection (no I/O)."""
+    files, refusals, notes = [], [], list(artifacts.notes)
+    version = inspected["package"].get("version")
+    state = inspected["files"]
+    patchset, extension = artifacts.patchset, artifacts.extension
+    import_check: list[str] = []
+    if patchset is not None:
+        if not patchset.supports(version or ""):
+            refusals.append(f"{patchset.manifest.package} {version} is not supported by patchset "
+                            f"{patchset.name} ({patchset.manifest.versions})")
+        else:
+            files += _plan_patchset(patchset, state, refusals)
+            import_check = list(patchset.manifest.import_check) or [patchset.manifest.package]
+    if extension is not None:
+        mismatches = extension.mismatches(inspected)
+        if mismatches:
+            fp = extension.fingerprint
+            notes.append(f"extension {extension.name} skipped: host has {'; '.join(mismatches)} "
+                         f"[artifact: {fp.get('python_tag')}, torch {fp.get('torch_version')}, "
+                         f"CUDA {fp.get('cuda_version') or 'none'}, {','.join(fp.get('arch_list') or []) or 'cpu'}]")
+        else:
+            files.append(_classify(extension.key, state[extension.key], extension.data, NEW, extension.name))
+    for f in files:
+        if f.status == DRIFTED and force:
+            f.status = FORCED
+    if any(f.status == DRIFTED for f in files):
+        refusals.append("drifted (neither pristine nor written by sglfleet; --force replaces them, "
+                        "the backup keeps them): " + ", ".join(f.key for f in files if f.status == DRIFTED))
+    if any(f.status in CHANGING for f in files if f.key == (extension.key if extension else None)):
+        import_check += ["torch", extension.module]
+    interrupted = inspected.get("interrupted")
+    if interrupted:
+        notes.append(f"an interrupted run ({interrupted['txid']}) left a journal; the next push or "
+                     "rollback undoes it first")
+    return HostPlan(host, version, files, refusals, notes, interrupted and interrupted["txid"], import_check)
+
+
+def _plan_patchset(patchset: Any, state: dict[str, Any], refusals: list[str]) -> list[FilePlan]:
+    keys = {p: f"pkg/{p}" for p in patchset.targets()}
+    bases: dict[str, bytes | None] = {}
+    for path, key in keys.items():
+        text = state[key].get("base_text")
+        bases[path] = None if text is None else text.encode("utf-8", "surrogateescape")
+    try:
+        rendered = patchset.render(bases, verify=False)
+    except PatchError as exc:
+        refusals.append(f"cannot apply patchset {patchset.name}: {exc}")
+        return []
+    return [_classify(key, state[key], rendered[path], patchset.expected_pristine(path), patchset.name,
+                      base_sha=state[key].get("base_sha256"), refusals=refusals)
+            for path, key in keys.items()]
+
+
+def _classify(key: str, now: dict[str, Any], data: bytes, expected: str | None, artifact: str,
+              base_sha: str | None = None, refusals: list[str] | None = None) -> FilePlan:
+    after = sha256(data)
+    plan = FilePlan(key, DRIFTED, now.get("sha256"), after, data, now.get("text"), artifact)
+    if not now["exists"]:
+        if expected not in (NEW, None) and refusals is not None:
+            refusals.append(f"{key} is missing from the package; the patchset expects a file there")
+        plan.status = ADD if expected == NEW or expected is None else DRIFTED
+    elif plan.before == after:
+        plan.status = CURRENT
+    elif now.get("ours"):
+        # One of our earlier releases; what is underneath must still be what we expect.
+        plan.status = UPDATE if expected in (None, NEW) or base_sha == expected else DRIFTED
+    elif expected == NEW:
+        plan.status = DRIFTED
+    else:
+        plan.status = CHANGE if expected is None or plan.before == expected else DRIFTED
+    return plan
+
+
+# ---------------------------------------------------------------- apply
+
+
+class _Tar:
+    """Writes the changed files as one tar stream, counting content bytes, optionally paced."""
+
+    def __init__(self, files: list[FilePlan], bwlimit: float | None):
+        self.files = files
+        self.bwlimit = bwlimit  # bytes per second of the stream, None = unlimited
+        self.content_bytes = 0
+        self.stream_bytes = 0
+
+    def __call__(self, writer: IO[bytes]) -> None:
+        import io
+        import tarfile
+
+        started = time.monotonic()
+        outer = self
+
+        class Paced(io.RawIOBase):
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                data = bytes(data)
+                if outer.bwlimit:
+                    ahead = (outer.stream_bytes + len(data)) / outer.bwlimit - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+                writer.write(data)
+                outer.stream_bytes += len(data)
+                return len(data)
+
+        with tarfile.open(fileobj=Paced(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for f in self.files:
+                info = tarfile.TarInfo(f.key)
+                info.size, info.mode, info.mtime = len(f.data), 0o644, int(time.time())
+                tar.addfile(info, io.BytesIO(f.data))
+                self.content_bytes += len(f.data)
+
+
+@dataclass
+class PushOutcome:
+    plan: HostPlan
+    release: str | None
+    content_bytes: int
+    recovered: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"release": self.release, "content_bytes": self.content_bytes, "recovered": self.recovered,
+                **self.plan.summary()}
+
+
+def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, force: bool = False,
+         bwlimit: float | None = None, pace_s: float = 0.0,
+         on_plan: Callable[[HostPlan], None] | None = None) -> PushOutcome:
+    """Two round trips: inspect (recovering an interrupted run under the lock), then apply
+    only what changes. A refused or already-current host gets no second round trip."""
+    inspected = inspect(conn, artifacts, recover=True, command=command)
+    plan = make_plan(conn.host.name, inspected, artifacts, force)
+    if on_plan:
+        on_plan(plan)
+    if plan.refusals:
+        raise RemoteError(f"{conn.host.name}: refused: " + "; ".join(plan.refusals))
+    changes = sorted(plan.changes, key=_apply_order)
+    if not changes:
+        return PushOutcome(plan, None, 0, inspected.get("recovered"))
+    tar = _Tar(changes, bwlimit)
+    artifacts_doc = []
+    if artifacts.patchset:
+        artifacts_doc.append({"kind": "patchset", "name": artifacts.patchset.name,
+                              "versions": artifacts.patchset.manifest.versions})
+    if artifacts.extension and any(f.key == artifacts.extension.key for f in changes):
+        artifacts_doc.append({"kind": "extension", "name": artifacts.extension.name,
+                              "fingerprint": artifacts.extension.fingerprint})
+    args = {"package": inspected["package"]["name"], "id": release_id, "holder": holder(command),
+            "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
+            "artifacts": artifacts_doc, "import_check": plan.import_check, "pace_s": pace_s}
+    answer = call(conn, "apply", args, payload=tar)
+    return PushOutcome(plan, answer["release"], tar.content_bytes, answer.get("recovered") or
+                       inspected.get("recovered"))
+
+
+def _apply_order(f: FilePlan) -> tuple[int, str]:
+    # New files first: every prefix of the swap must still import (a patched module may
+    # import a new one; nothing old imports a new file).
+    return (0 if f.before is None else 1, f.key)
+
+
+def list_releases(conn: Connection, package: str) -> dict[str, Any]:
+    return call(conn, "releases", {"package": package})
+
+
+def rollback(conn: Connection, package: str, to: str | None, command: str, force: bool = False,
+             pace_s: float = 0.0) -> dict[str, Any]:
+    return call(conn, "rollback", {"package": package, "to": to, "force": force, "id": new_release_id(),
+                                   "holder": holder(command), "pace_s": pace_s})

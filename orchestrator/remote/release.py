@@ -1,0 +1,578 @@
+"""Remote side of releases: inspect, apply, list and roll back changes to an installed package.
+
+Sent over stdin and started as `python3 -c BOOT N COMMAND ARGS_JSON`: BOOT reads the first N
+bytes of stdin (this file) and runs them, so for `apply` the rest of stdin is the tar stream of
+the new files. Prints ONE JSON document on stdout; progress goes to stderr. Stdlib only, 3.8+.
+
+Everything lives under the state dir (default /var/lib/sglfleet):
+    lock                      flock'd by the run changing this host; holds the holder's JSON
+    journal.json              exists only while files are being swapped (see `Transaction`)
+    current                   id of the newest active release
+    releases/<id>/files/...   the files the release installed (verified by hash)
+    releases/<id>/backup/...  what they replaced, byte for byte (rollback restores these)
+    releases/<id>/release.json
+    rollbacks/<id>/...        the same for each rollback, so an interrupted one can be undone
+
+A target is named `<root>/<path>`: root `pkg` is the package directory (site-packages/sglang),
+root `purelib` is site-packages itself (where a built extension module goes).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+
+EXIT_LOCKED = 3
+EXIT_FAILED = 1
+
+
+class Failure(Exception):
+    """A refusal or failure this script explains; `detail` carries extra JSON fields."""
+
+    def __init__(self, message, code=EXIT_FAILED, **detail):
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
+
+
+def log(message):
+    sys.stderr.write("sglfleet-remote: %s\n" % message)
+    sys.stderr.flush()
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path, document):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(document, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path))
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def copy_durable(source, dest):
+    """Copy bytes and mode, fsync'd, creating parent dirs."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(source, dest)
+    shutil.copymode(source, dest)
+    with open(dest, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def temp_name(target, txid):
+    head, tail = os.path.split(target)
+    return os.path.join(head, ".%s.sglfleet-%s" % (tail, txid))
+
+
+def swap_in(source, target, txid):
+    """Make `target` hold `source`'s bytes atomically: a temp file in the target's own
+    directory (same filesystem), fsync, rename over the target, fsync the directory."""
+    tmp = temp_name(target, txid)
+    copy_durable(source, tmp)
+    os.replace(tmp, target)
+    fsync_dir(os.path.dirname(target))
+
+
+# ---------------------------------------------------------------- the package and the host
+
+
+def locate(package):
+    """Package dir, version and site-packages, without importing the package (seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    site = os.path.dirname(root)
+    version = None
+    for item in os.listdir(site):
+        name, _, rest = item.partition("-")
+        if item.endswith(".dist-info") and name.lower().replace("-", "_") == package.replace("-", "_"):
+            version = rest[: -len(".dist-info")]
+            break
+    return {"name": package, "root": root, "site": site, "version": version}
+
+
+def torch_build(site):
+    """torch's version and CUDA version, read from torch/version.py (importing torch takes seconds)."""
+    found = {"version": None, "cuda": None}
+    try:
+        with open(os.path.join(site, "torch", "version.py")) as fh:
+            text = fh.read()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        key = key.split(":")[0].strip()
+        value = value.strip().strip("'\"")
+        if key == "__version__":
+            found["version"] = value
+        elif key == "cuda":
+            found["cuda"] = None if value in ("None", "") else value
+    return found
+
+
+def gpu_archs():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    gpus = []
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 2 and cells[1].replace(".", "").isdigit():
+            gpus.append({"name": cells[0], "arch": "sm_" + cells[1].replace(".", "")})
+    return gpus
+
+
+class Host:
+    def __init__(self, args):
+        self.state = args.get("state_dir") or "/var/lib/sglfleet"
+        self.package = locate(args["package"])
+        if self.package is None:
+            raise Failure("package %r is not importable by %s" % (args["package"], sys.executable),
+                          package_missing=True)
+        self.roots = {"pkg": self.package["root"], "purelib": self.package["site"]}
+
+    def path(self, key):
+        root, _, rel = key.partition("/")
+        if root not in self.roots or not rel or rel.startswith("/") or ".." in rel.split("/"):
+            raise Failure("bad target name %r" % key)
+        return os.path.join(self.roots[root], rel)
+
+    def releases(self):
+        """Every release record, oldest first."""
+        base = os.path.join(self.state, "releases")
+        records = []
+        for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+            record = read_json(os.path.join(base, name, "release.json"))
+            if record:
+                record["dir"] = os.path.join(base, name)
+                records.append(record)
+        records.sort(key=lambda r: (r.get("time", 0), r["id"]))
+        return records
+
+    def current(self):
+        try:
+            with open(os.path.join(self.state, "current")) as fh:
+                return fh.read().strip() or None
+        except OSError:
+            return None
+
+    def set_current(self, release_id):
+        path = os.path.join(self.state, "current")
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write((release_id or "") + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        fsync_dir(self.state)
+
+    def pristine_source(self, key, sha, records):
+        """Follow our releases back from a file's current hash to the bytes that were there
+        before sglfleet first touched it: (path or None when there was no file, hash)."""
+        source = self.path(key)
+        for _ in range(len(records) + 1):
+            record = next((r for r in reversed(records) if r["files"].get(key, {}).get("after") == sha), None)
+            if record is None:
+                return source, sha
+            before = record["files"][key]["before"]
+            if before is None:
+                return None, None
+            source, sha = os.path.join(record["dir"], "backup", key), before
+        return source, sha
+
+
+class Lock:
+    """flock on <state>/lock; the file holds the holder's description for whoever is refused."""
+
+    def __init__(self, state, holder):
+        os.makedirs(state, exist_ok=True)
+        self.path = os.path.join(state, "lock")
+        self.holder = holder
+        self.fd = None
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            with os.fdopen(os.dup(fd)) as fh:
+                holder = read_holder(fh.read())
+            os.close(fd)
+            raise Failure("host is locked by another sglfleet run: %s" % describe(holder), EXIT_LOCKED,
+                          holder=holder)
+        holder = dict(self.holder, pid=os.getpid(), since=time.time())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        os.ftruncate(self.fd, 0)
+        os.close(self.fd)  # closing releases the flock
+
+
+def read_holder(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}
+
+
+def describe(holder):
+    if not holder:
+        return "holder unknown"
+    since = holder.get("since")
+    age = " for %.0fs" % (time.time() - since) if since else ""
+    return "%s@%s running `%s` (remote pid %s)%s" % (holder.get("user", "?"), holder.get("controller", "?"),
+                                                    holder.get("command", "?"), holder.get("pid", "?"), age)
+
+
+# ---------------------------------------------------------------- transactions
+
+
+class Transaction:
+    """Swap a set of files so that an interruption at ANY point leaves each file wholly old or
+    wholly new and is undone to all-old by the next run (`recover`).
+
+    Before the first rename: every current file is copied to <dir>/backup and journal.json
+    lists each target with its old copy (or "absent"). Renames are atomic per file; the
+    journal is deleted only after the caller has committed its record."""
+
+    def __init__(self, host, txid, directory, pace_s=0.0):
+        self.host, self.txid, self.dir, self.pace_s = host, txid, directory, pace_s
+        self.journal = os.path.join(host.state, "journal.json")
+        self.ops = []
+
+    def prepare(self, changes):
+        """changes: [(key, source path or None to delete)], in the order they will be applied."""
+        for key, source in changes:
+            target = self.host.path(key)
+            old = None
+            if os.path.lexists(target):
+                old = os.path.join(self.dir, "backup", key)
+                copy_durable(target, old)
+            self.ops.append({"key": key, "target": target, "new": source, "old": old,
+                             "tmp": temp_name(target, self.txid)})
+        write_json_atomic(self.journal, {"txid": self.txid, "dir": self.dir, "ops": self.ops,
+                                         "started": time.time()})
+
+    def apply(self):
+        for index, op in enumerate(self.ops):
+            if op["new"] is None:
+                if os.path.lexists(op["target"]):
+                    os.unlink(op["target"])
+                    fsync_dir(os.path.dirname(op["target"]))
+                drop_bytecode(op["target"])
+            else:
+                os.makedirs(os.path.dirname(op["target"]), exist_ok=True)
+                swap_in(op["new"], op["target"], self.txid)
+            log("swapped %d/%d %s" % (index + 1, len(self.ops), op["key"]))
+            if self.pace_s:
+                time.sleep(self.pace_s)
+
+    def finish(self):
+        os.unlink(self.journal)
+        fsync_dir(self.host.state)
+
+    def undo(self):
+        undo_ops(self.ops)
+        self.finish()
+
+
+def drop_bytecode(target):
+    """A removed module's cached bytecode goes too (py_compile and the import check made it)."""
+    if target.endswith(".py"):
+        cache = os.path.join(os.path.dirname(target), "__pycache__")
+        stem = os.path.basename(target)[:-3] + "."
+        for name in os.listdir(cache) if os.path.isdir(cache) else []:
+            if name.startswith(stem) and name.endswith(".pyc"):
+                os.unlink(os.path.join(cache, name))
+
+
+def undo_ops(ops):
+    for op in reversed(ops):
+        if os.path.lexists(op["tmp"]):
+            os.unlink(op["tmp"])
+        if op["old"] is None:
+            if os.path.lexists(op["target"]):
+                os.unlink(op["target"])
+            drop_bytecode(op["target"])
+        elif not os.path.exists(op["target"]) or sha256_file(op["target"]) != sha256_file(op["old"]):
+            swap_in(op["old"], op["target"], "undo")
+        fsync_dir(os.path.dirname(op["target"]))
+
+
+def recover(host):
+    """Finish what an interrupted run left: a journal whose release was committed is just
+    removed; otherwise every file it lists is put back to its old bytes."""
+    journal = read_json(os.path.join(host.state, "journal.json"))
+    if journal is None:
+        return None
+    record = read_json(os.path.join(journal["dir"], "release.json")) or \
+        read_json(os.path.join(journal["dir"], "rollback.json"))
+    committed = bool(record and record.get("committed"))
+    if not committed:
+        undo_ops(journal["ops"])
+        log("undid interrupted run %s (%d files restored)" % (journal["txid"], len(journal["ops"])))
+    os.unlink(os.path.join(host.state, "journal.json"))
+    fsync_dir(host.state)
+    return {"txid": journal["txid"], "undone": not committed, "files": [op["key"] for op in journal["ops"]]}
+
+
+def check_python(host, keys, modules):
+    """py_compile the changed .py files, then import the modules in a fresh interpreter."""
+    import py_compile
+
+    for key in keys:
+        if key.endswith(".py"):
+            try:
+                py_compile.compile(host.path(key), doraise=True)
+            except py_compile.PyCompileError as exc:
+                raise Failure("py_compile failed for %s:\n%s" % (key, exc.msg), phase="compile")
+    if modules:
+        code = "".join("import %s\n" % m for m in modules)
+        result = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                cwd="/")
+        if result.returncode != 0:
+            raise Failure("import check failed (%s):\n%s" % (", ".join(modules),
+                                                             result.stdout.decode("utf-8", "replace")),
+                          phase="import")
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_inspect(host, args):
+    """Everything plan/push need to decide, in one round trip. With `recover`, an interrupted
+    run is undone first (under the lock), so the answer describes what apply will find."""
+    recovered = None
+    if args.get("recover"):
+        with Lock(host.state, args["holder"]):
+            recovered = recover(host)
+    records = host.releases()
+    files = {}
+    for key, want_base, want_text in args["targets"]:
+        target = host.path(key)
+        entry = {"exists": os.path.lexists(target), "sha256": None}
+        if entry["exists"]:
+            entry["sha256"] = sha256_file(target)
+            if want_text:
+                with open(target, "rb") as fh:
+                    entry["text"] = fh.read().decode("utf-8", "replace")
+            ours = [r["id"] for r in records if r["files"].get(key, {}).get("after") == entry["sha256"]]
+            entry["ours"] = ours[-1] if ours else None
+            if want_base:
+                source, base_sha = host.pristine_source(key, entry["sha256"], records)
+                entry["base_sha256"] = base_sha
+                if source is not None:
+                    with open(source, "rb") as fh:
+                        entry["base_text"] = fh.read().decode("utf-8", "surrogateescape")
+        files[key] = entry
+    journal = read_json(os.path.join(host.state, "journal.json"))
+    return {"package": host.package, "python": {"executable": sys.executable,
+                                                  "tag": "cp%d%d" % sys.version_info[:2]},
+            "torch": torch_build(host.package["site"]), "gpus": gpu_archs(), "files": files,
+            "current": host.current(), "releases": len(records), "recovered": recovered,
+            "interrupted": journal and {"txid": journal["txid"], "files": len(journal["ops"])}}
+
+
+def safe_members(tar, staging):
+    for member in tar:
+        name = member.name
+        if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
+            raise Failure("refusing tar member %r" % name)
+        yield member
+
+
+def cmd_apply(host, args, stream):
+    release_id = args["id"]
+    rdir = os.path.join(host.state, "releases", release_id)
+    with Lock(host.state, args["holder"]):
+        recovered = recover(host)
+        if os.path.exists(rdir):
+            raise Failure("release %s already exists on this host" % release_id)
+        staging = os.path.join(rdir, "files")
+        os.makedirs(staging)
+        try:
+            try:
+                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                    for member in safe_members(tar, staging):
+                        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                        tar.extract(member, staging, set_attrs=False, **extra)
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise Failure("transfer incomplete: %s" % exc, phase="transfer")
+            files = args["files"]  # [{key, before, after}] in apply order
+            for item in files:
+                staged = os.path.join(staging, item["key"])
+                if not os.path.isfile(staged) or sha256_file(staged) != item["after"]:
+                    raise Failure("staged %s does not match its sha256; nothing was changed" % item["key"],
+                                  phase="verify")
+                target = host.path(item["key"])
+                now = sha256_file(target) if os.path.lexists(target) else None
+                if now != item["before"]:
+                    raise Failure("%s changed since it was inspected (now %s, expected %s); rerun"
+                                  % (item["key"], (now or "absent")[:12], (item["before"] or "absent")[:12]),
+                                  phase="verify")
+            log("staged and verified %d files" % len(files))
+        except Failure:
+            shutil.rmtree(rdir, ignore_errors=True)
+            raise
+        tx = Transaction(host, release_id, rdir, args.get("pace_s", 0.0))
+        tx.prepare([(item["key"], os.path.join(staging, item["key"])) for item in files])
+        try:
+            tx.apply()
+            check_python(host, [item["key"] for item in files], args.get("import_check", []))
+        except Exception as exc:
+            tx.undo()
+            shutil.rmtree(rdir, ignore_errors=True)
+            if isinstance(exc, Failure):
+                exc.detail["restored"] = True
+                raise
+            raise Failure("swap failed (%s: %s); every file was restored" % (type(exc).__name__, exc),
+                          restored=True)
+        previous = host.current()
+        record = {"id": release_id, "time": time.time(), "committed": True, "status": "active",
+                  "controller": args["holder"], "artifacts": args["artifacts"], "previous": previous,
+                  "files": {item["key"]: {"before": item["before"], "after": item["after"]} for item in files}}
+        write_json_atomic(os.path.join(rdir, "release.json"), record)
+        host.set_current(release_id)
+        tx.finish()
+    return {"release": release_id, "previous": previous, "files": [item["key"] for item in files],
+            "recovered": recovered}
+
+
+def cmd_releases(host, args):
+    records = host.releases()
+    for record in records:
+        record.pop("dir", None)
+    journal = read_json(os.path.join(host.state, "journal.json"))
+    lock_text = ""
+    if os.path.exists(os.path.join(host.state, "lock")):
+        with open(os.path.join(host.state, "lock")) as fh:
+            lock_text = fh.read()
+    return {"releases": records, "current": host.current(), "package": host.package,
+            "interrupted": journal and journal["txid"], "lock_holder": read_holder(lock_text) if lock_text else None}
+
+
+def cmd_rollback(host, args):
+    """Undo active releases newer than `to` (None: the newest one; "pristine": all of them)."""
+    with Lock(host.state, args["holder"]):
+        recovered = recover(host)
+        records = host.releases()
+        active = [r for r in records if r.get("status") == "active"]
+        to = args.get("to")
+        if not active:
+            raise Failure("nothing to roll back: no active release on this host", nothing=True)
+        if to is None:
+            undo = active[-1:]
+        elif to == "pristine":
+            undo = active
+        else:
+            ids = [r["id"] for r in active]
+            if to not in ids:
+                known = ", ".join(ids) or "none"
+                raise Failure("release %s is not an active release here (active: %s)" % (to, known))
+            undo = active[ids.index(to) + 1:]
+            if not undo:
+                return {"rolled_back": [], "current": host.current(), "recovered": recovered, "files": []}
+        # Per file: the newest undone release must still own it; it goes back to what the
+        # oldest undone release found there.
+        wanted, drifted = {}, []
+        for record in reversed(undo):
+            for key, change in record["files"].items():
+                wanted[key] = (record, change)
+        for key in sorted(wanted):
+            newest = next(r for r in reversed(undo) if key in r["files"])
+            target = host.path(key)
+            now = sha256_file(target) if os.path.lexists(target) else None
+            if now != newest["files"][key]["after"]:
+                drifted.append({"key": key, "sha256": now, "expected": newest["files"][key]["after"]})
+        if drifted and not args.get("force"):
+            raise Failure("files changed since release %s was installed; refusing to roll back "
+                          "(--force overrides, the changed files are kept in the rollback's backup): %s"
+                          % (undo[-1]["id"], ", ".join(d["key"] for d in drifted)), drifted=drifted)
+        rb_id = args["id"]
+        rb_dir = os.path.join(host.state, "rollbacks", rb_id)
+        os.makedirs(rb_dir)
+        changes = []
+        for key in sorted(wanted):
+            record, change = wanted[key]
+            source = None if change["before"] is None else os.path.join(record["dir"], "backup", key)
+            changes.append((key, source))
+        tx = Transaction(host, rb_id, rb_dir, args.get("pace_s", 0.0))
+        tx.prepare(changes)
+        try:
+            tx.apply()
+        except Exception:
+            tx.undo()
+            raise
+        new_current = next((r["id"] for r in reversed(active) if r not in undo), None)
+        write_json_atomic(os.path.join(rb_dir, "rollback.json"),
+                          {"id": rb_id, "time": time.time(), "committed": True, "undid": [r["id"] for r in undo],
+                           "controller": args["holder"], "drifted_kept": drifted})
+        for record in undo:
+            path = os.path.join(record.pop("dir"), "release.json")
+            record.update(status="rolled_back", rolled_back_by=rb_id, rolled_back_at=time.time())
+            write_json_atomic(path, record)
+        host.set_current(new_current)
+        tx.finish()
+    return {"rolled_back": [r["id"] for r in undo], "current": new_current, "recovered": recovered,
+            "files": [key for key, _ in changes], "drifted_kept": drifted}
+
+
+def main():
+    command, args = sys.argv[1], json.loads(sys.argv[2])
+    try:
+        host = Host(args)
+        if command == "inspect":
+            result = cmd_inspect(host, args)
+        elif command == "apply":
+            result = cmd_apply(host, args, sys.stdin.buffer)
+        elif command == "releases":
+            result = cmd_releases(host, args)
+        elif command == "rollback":
+            result = cmd_rollback(host, args)
+        else:
+            raise Failure("unknown command %r" % command)
+    except Failure as exc:
+        sys.stdout.write(json.dumps(dict(exc.detail, ok=False, error=str(exc))))
+        sys.exit(exc.code)
+    sys.stdout.write(json.dumps(dict(result, ok=True)))
+
+
+main()
