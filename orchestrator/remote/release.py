@@ -205,6 +205,15 @@ class Host:
         """Follow our releases back from a file's current hash to the bytes that were there
         before sglfleet first touched it: (path or None when there was no file, hash)."""
         source = self.path(key)
+        if not any(r["files"].get(key, {}).get("after") == sha for r in records):
+            # Not our bytes. If a release ever changed this file, someone edited it since:
+            # the bytes under our change are still the ones that release backed up.
+            touched = [r for r in records if key in r["files"]]
+            if touched:
+                before = touched[-1]["files"][key]["before"]
+                if before is None:
+                    return None, None
+                source, sha = os.path.join(touched[-1]["dir"], "backup", key), before
         for _ in range(len(records) + 1):
             record = next((r for r in reversed(records) if r["files"].get(key, {}).get("after") == sha), None)
             if record is None:

@@ -1,0 +1,277 @@
+"""Releases on lab hosts with the real SGLang: push, rerun, drift, rollback, lock, fingerprint, kills.
+
+Each test owns one lab host, so they do not depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hostkeys import KnownHosts
+from orchestrator.patchset import load_patchset
+from orchestrator.profile import load_profile
+from orchestrator.releases import inspect
+from orchestrator.transport import Connection
+
+from .conftest import ROOT, sglfleet
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+PROFILE = "qwen36-ddtree"
+STATE = "/var/lib/sglfleet"
+M = "/root/models"
+DDTREE = [f"--model-path={M}/Qwen3.6-27B", "--speculative-algorithm", "DDTREE",
+          f"--speculative-draft-model-path={M}/Qwen3.6-27B-DFlash", "--speculative-dflash-block-size", "16",
+          "--speculative-ddtree-budget", "64", "--speculative-ddtree-topk-cap", "64",
+          "--speculative-ddtree-shadow-linear"]
+HYBRID_FLAGS = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-full-memory-ratio", "0.5",
+                "--speculative-ddtree-allow-hybrid-unsafe"]
+
+
+def connect(inventory, name):
+    return Connection(inventory.hosts[name], KnownHosts(inventory.known_hosts_path))
+
+
+def cli(lab, *args, env=None):
+    proc = sglfleet(*args, "-i", str(lab.inventory_path), env=env)
+    return proc
+
+
+def push_json(lab, host, *extra, env=None):
+    proc = cli(lab, "push", host, PROFILE, "--json", *extra, env=env)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)["hosts"][host]
+
+
+class Files:
+    """The patchset's target files on one host: hashes in one round trip, old/new per file."""
+
+    def __init__(self, conn):
+        artifacts = load_profile(PROFILE).artifacts()
+        self.conn = conn
+        self.patchset = artifacts.patchset
+        self.root = inspect(conn, artifacts)["package"]["root"]
+        self.paths = {t: f"{self.root}/{t}" for t in self.patchset.targets()}
+
+    def hashes(self) -> dict[str, str | None]:
+        script = "; ".join(f"if [ -e {shlex.quote(p)} ]; then sha256sum {shlex.quote(p)}; "
+                           f"else echo absent {shlex.quote(p)}; fi" for p in self.paths.values())
+        out = self.conn.run(script).stdout_text.split()
+        by_path = {out[i + 1]: (None if out[i] == "absent" else out[i]) for i in range(0, len(out), 2)}
+        return {t: by_path[p] for t, p in self.paths.items()}
+
+    def temp_files(self) -> str:
+        dirs = " ".join(sorted({shlex.quote(str(Path(p).parent)) for p in self.paths.values()}))
+        return self.conn.run(f"ls -a {dirs} | grep -F .sglfleet- || true").stdout_text.strip()
+
+
+def expected_new(files: Files, pristine: dict[str, str | None]) -> dict[str, str]:
+    from orchestrator.patchset import sha256
+    bases = {}
+    for t in files.patchset.targets():
+        if pristine[t] is not None:
+            bases[t] = files.conn.run(f"cat {shlex.quote(files.paths[t])}").stdout
+    return {t: sha256(b) for t, b in files.patchset.render(bases).items()}
+
+
+def validate(conn, cases):
+    result = conn.run_python(Path(__file__).parent / "remote" / "direct_validate.py", [json.dumps(cases)],
+                             timeout=600)
+    assert result.ok, result.stderr_text
+    return json.loads(result.stdout)
+
+
+def test_push_makes_ddtree_real_and_rerun_sends_nothing(lab, inventory):
+    code, host = push_json(lab, "ct129")
+    assert code == 0, host
+    value = host["value"]
+    assert value["release"] and value["content_bytes"] > 10_000
+    assert {f["status"] for f in value["files"]} == {"add", "change"}
+    with connect(inventory, "ct129") as conn:
+        outcomes = validate(conn, [DDTREE, DDTREE + HYBRID_FLAGS,
+                                   DDTREE + HYBRID_FLAGS + ["--speculative-ddtree-topk-cap", "65"],
+                                   DDTREE + HYBRID_FLAGS + ["--speculative-ddtree-budget", "0"],
+                                   [f"--model-path={M}/Qwen3-8B", "--speculative-algorithm", "DDTREE"]])
+    hybrid_rejected, accepted, cap, budget, no_draft = outcomes
+    assert hybrid_rejected["exit"] == 1 and hybrid_rejected["type"] == "ValueError"
+    assert "cannot branch across tree siblings" in hybrid_rejected["message"]
+    assert "--speculative-ddtree-allow-hybrid-unsafe" in hybrid_rejected["message"]
+    assert accepted == {"exit": 0, "fields": {
+        "speculative_algorithm": "DDTREE", "speculative_num_draft_tokens": 16, "speculative_ddtree_budget": 64,
+        "speculative_ddtree_topk_cap": 64, "speculative_ddtree_shadow_linear": True,
+        "mamba_radix_cache_strategy": "extra_buffer", "max_running_requests": 48}}
+    assert "topk-cap must be in [1" in cap["message"] and "budget must be >= 1" in budget["message"]
+    assert "requires setting --speculative-draft-model-path" in no_draft["message"]
+
+    code, again = push_json(lab, "ct129")
+    assert code == 0
+    assert again["value"]["release"] is None and again["value"]["content_bytes"] == 0
+    assert {f["status"] for f in again["value"]["files"]} == {"current"}
+    listing = json.loads(cli(lab, "releases", "ct129", "--json").stdout)["hosts"]["ct129"]["value"]
+    assert [r["id"] for r in listing["releases"]] == [value["release"]] == [listing["current"]]
+
+
+def test_drift_is_refused_force_overrides_and_rollback_restores_bytes(lab, inventory):
+    with connect(inventory, "ct130") as conn:
+        files = Files(conn)
+        pristine = files.hashes()
+        new = expected_new(files, pristine)
+        assert push_json(lab, "ct130")[0] == 0
+        assert files.hashes() == new
+        edited = files.paths["srt/speculative/spec_info.py"]
+        conn.run(f"echo '# a hand edit' >> {shlex.quote(edited)}")
+        drifted = files.hashes()["srt/speculative/spec_info.py"]
+
+        plan = json.loads(cli(lab, "plan", "ct130", PROFILE, "--json").stdout)["hosts"]["ct130"]
+        assert not plan["ok"] and "drifted" in plan["error"] and "spec_info.py" in plan["error"]
+        code, refused = push_json(lab, "ct130")
+        assert code == 1 and "drifted" in refused["error"]
+        assert files.hashes()["srt/speculative/spec_info.py"] == drifted  # untouched
+
+        code, forced = push_json(lab, "ct130", "--force")
+        assert code == 0, forced
+        assert [f["key"] for f in forced["value"]["files"] if f["status"] == "forced"] == \
+            ["pkg/srt/speculative/spec_info.py"]
+        assert files.hashes() == new
+
+        # Undo the forced release: the hand-edited bytes come back. The first release no longer
+        # owns that file, so going on to pristine needs --force.
+        assert cli(lab, "rollback", "ct130").returncode == 0
+        assert files.hashes()["srt/speculative/spec_info.py"] == drifted
+        proc = cli(lab, "rollback", "ct130", "--to", "pristine")
+        assert proc.returncode == 1 and "changed since release" in proc.stdout
+        assert cli(lab, "rollback", "ct130", "--to", "pristine", "--force").returncode == 0
+        assert files.hashes() == pristine
+        assert files.temp_files() == ""
+
+
+def test_two_concurrent_pushes_one_is_refused_by_the_lock(lab, inventory):
+    started = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", "ct131", PROFILE, "--json",
+                                "--bwlimit", "20", "-i", str(lab.inventory_path)], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with connect(inventory, "ct131") as conn:
+        deadline = time.monotonic() + 30
+        while conn.run(f"test -s {STATE}/lock").exit_code != 0:  # the holder writes itself into the lock
+            assert time.monotonic() < deadline and started.poll() is None
+            time.sleep(0.05)
+        code, second = push_json(lab, "ct131")
+        first_out, _ = started.communicate(timeout=120)
+        first = json.loads(first_out)["hosts"]["ct131"]
+        assert started.returncode == 0 and first["ok"] and first["value"]["release"]
+        assert code == 1 and "locked by another sglfleet run" in second["error"]
+        assert "sglfleet push ct131 qwen36-ddtree" in second["error"] and "remote pid" in second["error"]
+        assert cli(lab, "rollback", "ct131", "--to", "pristine").returncode == 0
+
+
+def test_extension_installed_only_where_the_fingerprint_matches(lab, inventory, tmp_path):
+    facts = inspect(connect(inventory, "ct131"), load_profile(PROFILE).artifacts())
+    fingerprint = {"python_tag": facts["python"]["tag"], "torch_version": facts["torch"]["version"].split("+")[0],
+                   "cuda_version": facts["torch"]["cuda"], "arch_list": ["sm_90"]}
+    for name, fp in {"match": fingerprint, "other": {**fingerprint, "torch_version": "2.13.0", "cuda_version": None,
+                                                      "arch_list": []}}.items():
+        art = tmp_path / name
+        art.mkdir()
+        (art / "sglfleet_lab_ext.py").write_text(f"BUILD = {name!r}\n")
+        (art / "metadata.json").write_text(json.dumps({"name": f"lab-ext-{name}", "module": "sglfleet_lab_ext.py",
+                                                       "fingerprint": fp}))
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\ndeploy:\n  extension:\n    path: {name}\n")
+    proc = cli(lab, "push", "ct131", str(tmp_path / "other.yaml"), "--json")
+    other = json.loads(proc.stdout)["hosts"]["ct131"]["value"]
+    assert proc.returncode == 0 and other["release"] is None and other["files"] == []
+    assert any("lab-ext-other skipped: host has torch 2.14.1 (built for 2.13.0)" in n for n in other["notes"])
+    proc = cli(lab, "push", "ct131", str(tmp_path / "match.yaml"), "--json")
+    matched = json.loads(proc.stdout)["hosts"]["ct131"]["value"]
+    assert proc.returncode == 0 and [f["key"] for f in matched["files"]] == ["purelib/sglfleet_lab_ext.py"]
+    assert "torch" in matched["import_check"] and "sglfleet_lab_ext" in matched["import_check"]
+    with connect(inventory, "ct131") as conn:
+        assert conn.run(f"cd / && {facts['python']['executable']} -c 'import sglfleet_lab_ext as m; "
+                        "assert m.BUILD == \"match\"'").ok
+    assert cli(lab, "rollback", "ct131").returncode == 0
+
+
+# ---------------------------------------------------------------- kill trials
+
+TRIALS = 20
+
+
+def _kill_trials(lab, inventory, host: str, phase: str, seed: int, report: dict) -> None:
+    """Kill a push `TRIALS` times in `phase` ("transfer" or "swap"), checking the host each time."""
+    rng = random.Random(seed)
+    with connect(inventory, host) as conn:
+        files = Files(conn)
+        pristine = files.hashes()
+        new = expected_new(files, pristine)
+        imports: dict[tuple, bool] = {}
+        for trial in range(TRIALS):
+            env = {"SGLFLEET_SWAP_PACE_S": "0.25"} if phase == "swap" else None
+            extra = ["--bwlimit", "24"] if phase == "transfer" else []
+            proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", host, PROFILE, "--json", *extra,
+                                     "-i", str(lab.inventory_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env={**__import__("os").environ, **(env or {})})
+            # The transfer has begun when a new release dir exists; the swap when the journal does.
+            count = f"ls -d {STATE}/releases/*/ 2>/dev/null | wc -l"
+            before = int(conn.run(count).stdout_text.strip())
+            probe = f"test $({count}) -gt {before}" if phase == "transfer" else f"test -e {STATE}/journal.json"
+            deadline = time.monotonic() + 60
+            while conn.run(probe).exit_code != 0:
+                assert proc.poll() is None and time.monotonic() < deadline, f"{phase} trial {trial}: never started"
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.2))
+            hard = phase == "swap" and trial % 2 == 0  # also SIGKILL the remote helper, mid-swap
+            if hard:
+                conn.run(f"kill -9 $(python3 -c 'import json;print(json.load(open(\"{STATE}/lock\"))[\"pid\"])')")
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            # Wait for the remote side to finish or die (it holds the lock while it works).
+            while conn.run(f"flock -n {STATE}/lock true").exit_code != 0:
+                time.sleep(0.1)
+            now = files.hashes()
+            state = tuple(("new" if now[t] == new[t] else "old" if now[t] == pristine[t] else "MIXED")
+                          for t in files.patchset.targets())
+            assert "MIXED" not in state, (phase, trial, now)
+            report.setdefault("states", []).append(state)
+            if state not in imports:  # importing depends only on which files are new
+                check = conn.run(f"cd / && {conn.host.python} -c 'import sglang.srt.speculative.spec_info'",
+                                 timeout=300)
+                imports[state] = check.ok
+                assert check.ok, (phase, trial, state, check.stdout_text[-3000:])
+            if phase == "transfer":
+                assert set(state) == {"old"}, (trial, state)  # nothing changes before the swap
+            code, after = push_json(lab, host)
+            assert code == 0, (phase, trial, after)
+            assert files.hashes() == new and files.temp_files() == ""
+            assert cli(lab, "rollback", host, "--to", "pristine").returncode == 0
+            assert files.hashes() == pristine
+        report["imports"] = len(imports)
+
+
+def test_kill_mid_transfer_and_mid_swap_20_trials_each(lab, inventory):
+    reports: dict[str, dict] = {"transfer": {}, "swap": {}}
+    errors: list[BaseException] = []
+
+    def run(host, phase, seed):
+        try:
+            _kill_trials(lab, inventory, host, phase, seed, reports[phase])
+        except BaseException as exc:  # noqa: BLE001 - re-raised below in the test thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=("ct132", "transfer", 1)),
+               threading.Thread(target=run, args=("ct130", "swap", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    assert len(reports["transfer"]["states"]) == len(reports["swap"]["states"]) == TRIALS
+    # The swap kills must really land mid-swap: some trials leave a mix of old and new files.
+    assert any(len(set(s)) == 2 for s in reports["swap"]["states"]), reports["swap"]["states"]
