@@ -331,6 +331,159 @@ def rollback(pattern: str = typer.Argument(..., help="Host pattern."),
     raise typer.Exit(results.exit_code)
 
 
+# ---------------------------------------------------------------- render + smoke
+
+
+def _simulate_for(host: Any, simulate: Optional[str]) -> Optional[str]:
+    """--simulate wins; lab hosts validate as their declared GPU (lab_gpu) by default."""
+    return simulate or host.vars.get("lab_gpu")
+
+
+@app.command("render")
+def render_command(host: str = typer.Argument(..., help="One host name."),
+                   profile: str = typer.Argument(..., help="Profile name or .yaml path."),
+                   inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt,
+                   what: str = typer.Option("command", "--what", help="command | env | unit | launch-script"),
+                   host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Print the final launch command for HOST and, per flag, the rule or file line that put it there."""
+    from .profile import load_profile
+    from .render import render, server_facts
+
+    inv, prof = _inventory(inventory), load_profile(profile)
+    selected = inv.select(host)
+    if len(selected) != 1:
+        raise ConfigError(f"render works on one host; '{host}' selects {len(selected)}")
+    holder: dict[str, Any] = {}
+
+    def task(conn):
+        holder["r"] = render(conn.host, prof, server_facts(conn, prof), inv.path)
+        return holder["r"].to_json()
+
+    results = _run_group(inv, host, task, "render", 1, host_key_policy, quiet=True)
+    result = results[selected[0].name]
+    if not result.ok:
+        raise SglfleetError(result.error or "render failed") if "RenderError" not in (result.error or "") \
+            else ConfigError(result.error)
+    rendered = holder["r"]
+    if as_json:
+        output.print_json(result.value)
+        return
+    if what == "env":
+        sys.stdout.write(rendered.template("sglang.env.j2"))
+    elif what == "unit":
+        sys.stdout.write(rendered.template("sglang-server.service.j2", launch_script="/var/lib/sglfleet/launch.sh",
+                                           stop_timeout_s=120))
+    elif what == "launch-script":
+        sys.stdout.write(rendered.template("launch.sh.j2", env_file="/var/lib/sglfleet/sglang.env"))
+    else:
+        import shlex
+        output.stdout.print(shlex.join(rendered.command), highlight=False, soft_wrap=True)
+        table = output.Table(title=f"{rendered.host}: {len(rendered.flags)} flags for SGLang "
+                                   f"{rendered.facts['sglang'].get('version')}")
+        table.add_column("flag")
+        table.add_column("value")
+        table.add_column("from")
+        for flag in rendered.flags:
+            table.add_row(flag.name, " ".join(flag.values), output.escape(flag.source))
+        output.stdout.print(table)
+
+
+@app.command()
+def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not with --local)."),
+          profile: Optional[str] = typer.Argument(None, help="Profile name or .yaml path."),
+          inventory: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+          simulate: Optional[str] = typer.Option(None, "--simulate", help="Validate as if on this GPU (h200, "
+                                                 "h100, a100, l40s) inside SGLang's platform override."),
+          local: Optional[str] = typer.Option(None, "--local", help="PROFILE: run the probe against a local "
+                                              "SGLang install instead of hosts (offline preflight)."),
+          python: Optional[str] = typer.Option(None, "--python", help="Interpreter for --local (default: this one)."),
+          runs: str = typer.Option("runs", "--runs-dir", help="Where results are stored."),
+          host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Run SGLang's prepare_server_args AND its full validation with the rendered flags on each host."""
+    from .inventory import Host
+    from .profile import load_profile
+    from .render import RenderError, render, server_facts
+    from .smoke import diagnose, run_dir, run_probe, store
+
+    if local:
+        if pattern and not profile:
+            raise ConfigError("with --local give only the profile: sglfleet smoke --local PROFILE")
+        prof = load_profile(local)
+        host = Host(name="local", address="127.0.0.1", python=python or sys.executable)
+        directory = run_dir(runs)
+        document = _smoke_one(None, host, prof, "local", simulate, python, render, server_facts, run_probe,
+                              diagnose, RenderError)
+        store(directory, "local", document)
+        results = {"local": document}
+    else:
+        if not pattern or not profile:
+            raise ConfigError("usage: sglfleet smoke PATTERN PROFILE (or sglfleet smoke --local PROFILE)")
+        inv, prof = _inventory(inventory), load_profile(profile)
+        directory = run_dir(runs)
+
+        def task(conn):
+            document = _smoke_one(conn, conn.host, prof, inv.path, _simulate_for(conn.host, simulate), None,
+                                  render, server_facts, run_probe, diagnose, RenderError)
+            store(directory, conn.host.name, document)
+            return TaskOutcome(document["ok"], document, None if document["ok"] else document["summary"])
+
+        group_results = _run_group(inv, pattern, task, "smoke", forks, host_key_policy, quiet=as_json)
+        results = {}
+        for name, r in group_results.items():
+            if r.value is None:  # never reached the probe (connection)
+                r.value = {"ok": False, "summary": (r.error or "failed").splitlines()[0], "error": r.error}
+                store(directory, name, r.value)
+            results[name] = r.value
+    failed = [n for n, d in results.items() if not d["ok"]]
+    if as_json:
+        output.print_json({"command": "smoke", "run_dir": str(directory), "hosts": results,
+                           "summary": {"ok": len(results) - len(failed), "failed": len(failed)},
+                           "exit_code": 1 if failed else 0})
+        raise typer.Exit(1 if failed else 0)
+    table = output.Table(title=f"smoke {profile or local} -> {directory}")
+    for col in ("host", "result", "phase", "algorithm", "draft tokens", "budget", "topk cap", "shadow linear",
+                "mamba", "seconds"):
+        table.add_column(col)
+    for name, d in results.items():
+        f = (d.get("probe") or {}).get("fields") or {}
+        total = ((d.get("probe") or {}).get("timings") or {}).get("total_s")
+        table.add_row(name, "[green]ok[/]" if d["ok"] else "[red]failed[/]", d.get("phase") or "-",
+                      *[str(f.get(k, "-")) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
+                                                     "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
+                                                     "speculative_ddtree_shadow_linear",
+                                                     "mamba_radix_cache_strategy")], str(total or "-"))
+    output.stdout.print(table)
+    for name in failed:
+        d = results[name]
+        output.stdout.rule(f"[red]{name}[/]: {output.escape(d['summary'])}")
+        probe = d.get("probe") or {}
+        if probe.get("traceback"):  # whole, never cut: this is what the seed story lost
+            sys.stdout.write(probe["traceback"])
+            sys.stdout.flush()
+        for fix in d.get("diagnosis", []):
+            output.stdout.print(f"[yellow]fix:[/] {output.escape(fix)}", highlight=False)
+    output.stdout.print(f"{len(results) - len(failed)} ok, {len(failed)} failed; results in {directory}",
+                        highlight=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+def _smoke_one(conn, host, prof, inventory_path, simulate, python, render, server_facts, run_probe, diagnose,
+               render_error) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        rendered = render(host, prof, server_facts(conn, prof, python), inventory_path)
+    except render_error as exc:
+        return {"ok": False, "phase": "render", "summary": str(exc), "diagnosis": [], "probe": None}
+    probe = run_probe(conn, rendered, simulate, python)
+    document = {"ok": probe["ok"], "phase": probe.get("phase"), "simulate": simulate,
+                "command_line": rendered.to_json()["command_line"], "render": rendered.to_json(), "probe": probe,
+                "diagnosis": diagnose(probe, rendered), "seconds": round(time.monotonic() - started, 3)}
+    exc = probe.get("exception") or {}
+    document["summary"] = "ok" if probe["ok"] else f"{probe.get('phase')} failed: {exc.get('type')}: " \
+        f"{(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}"
+    return document
+
+
 # ---------------------------------------------------------------- lab
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .artifacts import Extension, load_extension
 from .errors import ConfigError
@@ -32,10 +33,52 @@ class Deploy(BaseModel):
     extension: ExtensionRef | None = None
 
 
+class Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    served_name: str | None = None
+
+
+class DDTreeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    budget: int = 64
+    topk_cap: int | None = None
+    shadow_linear: bool = False
+
+
+class Speculative(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    algorithm: Literal["DDTREE", "DFLASH"]
+    draft_model: str
+    block_size: int | None = None
+    ddtree: DDTreeSettings | None = None
+
+
+class Server(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp: int = 1
+    mem_fraction: float | None = None
+    extra_args: list[str] = []
+
+
 class ProfileModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     description: str = ""
+    model: Model | None = None
+    speculative: Speculative | None = None
+    # auto: add the hybrid companion flags when the host's model config is hybrid; on/off force it.
+    hybrid: Literal["auto", "on", "off"] = "auto"
+
+    @field_validator("hybrid", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off`/`on` as a boolean; the user meant the word.
+        return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
+    server: Server = Server()
+    env: dict[str, str] = {}
     deploy: Deploy = Deploy()
 
 
@@ -103,3 +146,27 @@ def load_profile(name_or_path: str) -> Profile:
     except ValidationError as exc:
         raise validation_error(exc, data, shown) from None
     return Profile(path, model, data)
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Deep merge: mappings merge key by key, anything else (lists included) is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = merge(base.get(key), value) if key in base else value
+        return out
+    return override
+
+
+def with_overrides(profile: Profile, overrides: dict[str, Any] | None, where: str) -> Profile:
+    """The profile with the inventory's `profile_overrides` for it applied (see README: precedence)."""
+    if not overrides:
+        return profile
+    merged = merge(profile.model.model_dump(), overrides)
+    try:
+        model = ProfileModel.model_validate(merged)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"profile_overrides for {profile.name} from {where}: {loc}: {first['msg']}") from None
+    return Profile(profile.path, model, profile.source)

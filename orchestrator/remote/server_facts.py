@@ -1,0 +1,131 @@
+"""Remote side of the server facts a render needs, in one process: SGLang's version, the option
+strings its launch argparse accepts, the target model's and the draft's config.json, the GPUs.
+
+argv[1] is JSON {"model": path, "draft": path or null, "state_dir": dir}. Prints one JSON document.
+Building SGLang's parser imports it (seconds), so the option list is cached on the host under the
+state dir, keyed by the sglang version and the hash of the files that define its arguments.
+Stdlib only (SGLang itself is imported only on a cache miss); Python 3.8+.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+RECURRENT = ("linear_attention", "mamba", "mamba2", "gated_deltanet", "linear")
+
+
+def sglang_location():
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    root = list(spec.submodule_search_locations)[0]
+    site = os.path.dirname(root)
+    for item in os.listdir(site):
+        if item.startswith("sglang-") and item.endswith(".dist-info"):
+            return root, item[len("sglang-"):-len(".dist-info")]
+    return root, None
+
+
+def args_fingerprint(root, version):
+    """Hash of the files that define SGLang's CLI arguments (patches change them)."""
+    digest = hashlib.sha256((version or "").encode())
+    paths = [os.path.join(root, "srt", "server_args.py")]
+    fields = os.path.join(root, "srt", "arg_groups", "fields")
+    if os.path.isdir(fields):
+        paths += sorted(os.path.join(fields, n) for n in os.listdir(fields) if n.endswith(".py"))
+    for path in paths:
+        if os.path.isfile(path):
+            with open(path, "rb") as fh:
+                digest.update(path.encode() + b"\0" + fh.read())
+    return digest.hexdigest()[:24]
+
+
+LIST_OPTIONS = """
+import argparse, json
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+print(json.dumps(sorted(s for a in parser._actions for s in a.option_strings)))
+"""
+
+
+def option_strings(root, version, state_dir):
+    cache_dir = os.path.join(state_dir, "cache")
+    cache = os.path.join(cache_dir, "options-%s.json" % args_fingerprint(root, version))
+    try:
+        with open(cache) as fh:
+            return json.load(fh), True, None
+    except (OSError, ValueError):
+        pass
+    result = subprocess.run([sys.executable, "-c", LIST_OPTIONS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd="/")
+    if result.returncode != 0:
+        return None, False, result.stderr.decode("utf-8", "replace")[-4000:]
+    options = json.loads(result.stdout)
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        with open(cache + ".tmp", "w") as fh:
+            json.dump(options, fh)
+        os.replace(cache + ".tmp", cache)
+    except OSError:
+        pass  # a read-only state dir only costs the next call the same seconds
+    return options, False, None
+
+
+def model_facts(path):
+    if not path:
+        return None
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        return {"path": path, "exists": False}
+    try:
+        with open(config_path) as fh:
+            config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        return {"path": path, "exists": True, "config_error": "%s: %s" % (type(exc).__name__, exc)}
+    text = config.get("text_config") or config
+    layer_types = text.get("layer_types") or text.get("layers_block_type") or []
+    recurrent = sum(1 for t in layer_types if str(t).lower() in RECURRENT)
+    pattern = text.get("hybrid_override_pattern")
+    if not recurrent and isinstance(pattern, str):
+        recurrent = pattern.count("M")
+    block = config.get("block_size")
+    if block is None:
+        block = (config.get("dflash_config") or {}).get("block_size")
+    return {"path": path, "exists": True, "architectures": config.get("architectures") or [],
+            "model_type": config.get("model_type"), "recurrent_layers": recurrent, "hybrid": recurrent > 0,
+            "layers": len(layer_types) or text.get("num_hidden_layers"), "block_size": block}
+
+
+def gpus():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,compute_cap",
+                              "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for line in out.stdout.decode("utf-8", "replace").splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 4 and cells[0].isdigit():
+            found.append({"index": int(cells[0]), "name": cells[1], "memory_mib": int(cells[2]) if
+                          cells[2].isdigit() else None, "compute_cap": cells[3]})
+    return found
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    root, version = sglang_location()
+    out = {"python": sys.executable, "sglang": {"installed": root is not None, "version": version, "root": root},
+           "model": model_facts(args.get("model")), "draft": model_facts(args.get("draft")), "gpus": gpus()}
+    if root is not None:
+        options, cached, error = option_strings(root, version, args.get("state_dir") or "/var/lib/sglfleet")
+        out["sglang"].update(options=options, options_cached=cached, options_error=error)
+    sys.stdout.write(json.dumps(out))
+
+
+main()

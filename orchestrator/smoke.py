@@ -1,0 +1,86 @@
+"""`sglfleet smoke`: run SGLang's own parse + validation of the rendered argv on each host.
+
+Per host: server facts + render (one round trip), then the probe (`remote/smoke_probe.py`, one
+round trip). Results are stored whole under runs/<time>-smoke/: <host>.json and, on failure,
+<host>.traceback.txt. Known failures get a concrete fix (`diagnose`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered
+
+PROBE = Path(__file__).parent / "remote" / "smoke_probe.py"
+
+
+def run_probe(conn: Any, rendered: Rendered, simulate: str | None, python: str | None = None) -> dict[str, Any]:
+    request = json.dumps({"argv": rendered.argv, "simulate": simulate})
+    if conn is None:  # --local
+        proc = subprocess.run([python or sys.executable, str(PROBE), request], capture_output=True, text=True)
+        stdout, stderr = proc.stdout, proc.stderr
+    else:
+        result = conn.run_python(PROBE, [request], timeout=600)
+        stdout, stderr = result.stdout_text, result.stderr_text
+    try:
+        return json.loads(stdout)
+    except ValueError:
+        return {"ok": False, "phase": "probe", "exception": {"type": "ProbeError", "message": "no JSON from the probe"},
+                "traceback": stdout + stderr, "log": [], "fields": {}, "timings": {}}
+
+
+def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
+    """Known failures -> the concrete fix, one line each."""
+    if result.get("ok"):
+        return []
+    text = (result.get("exception") or {}).get("message", "") + "\n" + (result.get("traceback") or "") + \
+        "\n" + (result.get("stderr") or "")
+    argv = rendered.argv if rendered else []
+    fixes = []
+    if "cannot branch across tree siblings" in text or "hybrid target" in text:
+        options = (rendered.facts["sglang"].get("options") or []) if rendered else []
+        strategy = "--mamba-scheduler-strategy" if "--mamba-scheduler-strategy" in options and \
+            "--mamba-radix-cache-strategy" not in options else "--mamba-radix-cache-strategy"
+        companions = [[strategy, "extra_buffer"], ["--mamba-full-memory-ratio", HYBRID_MEMORY_RATIO],
+                      ["--speculative-ddtree-allow-hybrid-unsafe"]]
+        missing = " ".join(" ".join(c) for c in companions if c[0] not in argv)
+        fixes.append(f"the target model is hybrid (linear-attention layers) and needs the companion flags "
+                     f"{missing or ' '.join(' '.join(c) for c in companions)}: set `hybrid: auto` in the profile "
+                     "(it renders them for hybrid models)")
+    if re.search(r"Unknown speculative algorithm name: DDTREE|unrecognized arguments:.*--speculative-ddtree", text):
+        fixes.append("this SGLang does not know DDTREE: push the DDTree patchset first "
+                     "(sglfleet push HOST PROFILE)")
+    for old, (new, _what) in RENAMED.items():
+        if f"unrecognized arguments: {old}" in text or (old in text and "unrecognized arguments" in text):
+            fixes.append(f"{old} was renamed to {new} in this SGLang")
+    if "block_size" in text and ("differ" in text or "draft tokens were asked for" in text):
+        block = (rendered.facts.get("draft") or {}).get("block_size") if rendered else None
+        fixes.append("DFlash block size mismatch: set speculative.block_size to the draft's block_size"
+                     + (f" ({block})" if block else "") + " or leave it out")
+    if re.search(r"(does not exist|not a valid model|No such file|Can't load the configuration)", text):
+        fixes.append("a model path is missing on the host: copy the model there or fix model.path / "
+                     "speculative.draft_model")
+    return fixes
+
+
+def run_dir(base: str | Path = "runs") -> Path:
+    path = Path(base) / (time.strftime("%Y%m%dT%H%M%S") + "-smoke")
+    suffix = 0
+    while path.exists():
+        suffix += 1
+        path = Path(f"{path}-{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
+def store(directory: Path, host: str, document: dict[str, Any]) -> None:
+    (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    probe = document.get("probe") or {}
+    if probe.get("traceback"):
+        (directory / f"{host}.traceback.txt").write_text(probe["traceback"])
