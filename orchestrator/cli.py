@@ -356,14 +356,17 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
     holder: dict[str, Any] = {}
 
     def task(conn):
-        holder["r"] = render(conn.host, prof, server_facts(conn, prof), inv.path)
+        try:
+            holder["r"] = render(conn.host, prof, server_facts(conn, prof), inv.path)
+        except SglfleetError as exc:
+            holder["error"] = exc  # re-raised below with its own exit code (2 for a render error)
+            raise
         return holder["r"].to_json()
 
     results = _run_group(inv, host, task, "render", 1, host_key_policy, quiet=True)
     result = results[selected[0].name]
     if not result.ok:
-        raise SglfleetError(result.error or "render failed") if "RenderError" not in (result.error or "") \
-            else ConfigError(result.error)
+        raise holder.get("error") or SglfleetError(result.error or "render failed")
     rendered = holder["r"]
     if as_json:
         output.print_json(result.value)

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR", "/var/cache/sglfleet/lab-test"))
 TEST_SUBNET = "127.0.2"
-TEST_HOSTS = 4
+TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
 
 # Every test runs under the loopback-only rule.
 os.environ["SGLFLEET_LOOPBACK_ONLY"] = "1"

@@ -1,0 +1,91 @@
+"""The seed story on lab hosts with the real SGLang: smoke, full tracebacks, diagnosis, fan-out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.hostkeys import KnownHosts
+from orchestrator.smoke import PROBE
+from orchestrator.transport import Connection
+
+from .conftest import ROOT, TEST_HOSTS, sglfleet
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+def profile_variant(tmp_path, name, replace):
+    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{ROOT}/")
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def smoke_json(lab, tmp_path, *args):
+    proc = sglfleet("smoke", *args, "-i", str(lab.inventory_path), "--json", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_seed_story_hybrid_flags_left_out_then_rendered(lab, inventory, tmp_path):
+    push = sglfleet("push", "ct129", "qwen36-ddtree", "-i", str(lab.inventory_path))
+    assert push.returncode == 0, push.stdout + push.stderr
+    off = profile_variant(tmp_path, "seed-off", {"hybrid: auto": "hybrid: off"})
+    code, doc = smoke_json(lab, tmp_path, "ct129", off)
+    assert code == 1
+    host = doc["hosts"]["ct129"]
+    assert not host["ok"] and host["phase"] == "validate"
+    assert host["probe"]["exception"]["type"] == "ValueError"
+    assert "--speculative-ddtree-allow-hybrid-unsafe" not in host["render"]["command"]
+    stored = (Path(doc["run_dir"]) / "ct129.traceback.txt").read_text()
+    assert stored == host["probe"]["traceback"] and stored.startswith("Traceback (most recent call last):")
+    assert "raise ValueError(" in stored and "cannot branch across tree siblings" in stored.splitlines()[-1]
+    # The same probe run directly on the host, without sglfleet's controller, gives the same traceback.
+    with Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path)) as conn:
+        direct = conn.run_python(PROBE, [json.dumps({"argv": host["render"]["command"][3:], "simulate": "h200"})],
+                                 timeout=600)
+    assert json.loads(direct.stdout)["traceback"].splitlines() == stored.splitlines()
+    assert any("--mamba-radix-cache-strategy extra_buffer --mamba-full-memory-ratio 0.5 "
+               "--speculative-ddtree-allow-hybrid-unsafe" in fix for fix in host["diagnosis"])
+
+    code, doc = smoke_json(lab, tmp_path, "ct129", "qwen36-ddtree")
+    fields = doc["hosts"]["ct129"]["probe"]["fields"]
+    assert code == 0, doc["hosts"]["ct129"].get("summary")
+    assert [fields[k] for k in ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_ddtree_budget",
+                                "speculative_ddtree_topk_cap", "speculative_ddtree_shadow_linear")] == \
+        ["DDTREE", 16, 64, 64, True]
+    assert doc["hosts"]["ct129"]["simulate"] == "h200"  # the lab host's declared GPU
+
+
+def test_renamed_flag_fails_at_render_time_against_the_hosts_sglang(lab, tmp_path):
+    old = profile_variant(tmp_path, "old-flag", {'extra_args: ["--enable-metrics"': 'extra_args: '
+                                                 '["--mamba-scheduler-strategy", "extra_buffer", "--enable-metrics"'})
+    proc = sglfleet("render", "ct129", old, "-i", str(lab.inventory_path))
+    assert proc.returncode == 2
+    message = " ".join(proc.stderr.split())
+    assert "--mamba-scheduler-strategy" in message and "SGLang 0.5.23" in message
+    assert "renamed" in message and "use --mamba-radix-cache-strategy" in message
+
+
+def test_smoke_on_8_hosts_one_missing_model_fails_alone(lab, inventory, tmp_path):
+    assert TEST_HOSTS >= 8
+    broken = "ct136"
+    with Connection(inventory.hosts[broken], KnownHosts(inventory.known_hosts_path)) as conn:
+        assert conn.run("mv /root/models/Qwen3-8B /root/models/.Qwen3-8B.away").ok
+        try:
+            code, doc = smoke_json(lab, tmp_path, "all", "qwen3-8b-dflash")
+        finally:
+            assert conn.run("mv /root/models/.Qwen3-8B.away /root/models/Qwen3-8B").ok
+    assert code == 1 and doc["summary"] == {"ok": TEST_HOSTS - 1, "failed": 1}
+    failed = doc["hosts"][broken]
+    assert failed["phase"] == "render"
+    assert "model path /root/models/Qwen3-8B does not exist on the host" in failed["summary"]
+    for name, host in doc["hosts"].items():
+        if name != broken:
+            assert host["ok"] and host["probe"]["fields"]["speculative_algorithm"] == "DFLASH", name
+    assert sorted(p.name for p in Path(doc["run_dir"]).glob("*.json")) == sorted(f"{h}.json" for h in doc["hosts"])
