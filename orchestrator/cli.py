@@ -331,6 +331,56 @@ def rollback(pattern: str = typer.Argument(..., help="Host pattern."),
     raise typer.Exit(results.exit_code)
 
 
+patchset_app = typer.Typer(no_args_is_help=True, help="Patchsets: SGLang changes as verifiable manifests.")
+app.add_typer(patchset_app, name="patchset")
+
+
+@patchset_app.command("init")
+def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory of edited files (flat, or laid "
+                                                 "out as in the package, e.g. srt/server_args.py)."),
+                  against: str = typer.Option(..., "--against", help="Host whose installed package is pristine."),
+                  out: Optional[Path] = typer.Option(None, "--out", help="Patchset directory to write "
+                                                     "(default: patches/NAME)."),
+                  name: Optional[str] = typer.Option(None, "--name", help="Patchset name (default: DIR's name)."),
+                  package: str = typer.Option("sglang", help="The package the files belong to."),
+                  new_under: Optional[str] = typer.Option(None, "--new-under", help="Package dir for files the "
+                                                          "host does not have (e.g. srt/speculative)."),
+                  inventory: Optional[str] = InventoryOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Write patchset.yaml for a directory of edited files from the host's pristine hashes."""
+    from .releases import init_patchset, write_patchset
+
+    if not from_dir.is_dir():
+        raise ConfigError(f"--from {from_dir}: not a directory")
+    name = name or from_dir.resolve().name
+    out = out or Path("patches") / name
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} already exists and is not empty; choose --out or remove it")
+    inv = _inventory(inventory)
+    holder: dict[str, Any] = {}
+
+    def task(conn):
+        try:
+            holder["entries"], holder["version"] = init_patchset(conn, from_dir, package, new_under)
+        except SglfleetError as exc:
+            holder["error"] = exc
+            raise
+        return len(holder["entries"])
+
+    hosts = inv.select(against)
+    if len(hosts) != 1:
+        raise ConfigError(f"--against takes one host; '{against}' selects {len(hosts)}")
+    result = _run_group(inv, against, task, "patchset init", 1, host_key_policy, quiet=True)[hosts[0].name]
+    if not result.ok:
+        raise holder.get("error") or SglfleetError(result.error or "patchset init failed")
+    manifest = write_patchset(out, name, package, holder["version"], holder["entries"])
+    table = output.Table(title=f"{manifest}: {len(holder['entries'])} file(s) against {package} {holder['version']}")
+    for col in ("file", "package path", "replaces", "how"):
+        table.add_column(col)
+    for e in holder["entries"]:
+        table.add_row(str(e.source), e.path, e.replaces[:12] + ("…" if e.replaces != "new" else ""), e.how)
+    output.stdout.print(table)
+
+
 # ---------------------------------------------------------------- render + smoke
 
 

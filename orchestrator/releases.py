@@ -309,3 +309,77 @@ def rollback(conn: Connection, package: str, to: str | None, command: str, force
              pace_s: float = 0.0) -> dict[str, Any]:
     return call(conn, "rollback", {"package": package, "to": to, "force": force, "id": new_release_id(),
                                    "holder": holder(command), "pace_s": pace_s})
+
+
+# ---------------------------------------------------------------- patchset init
+
+
+@dataclass
+class InitEntry:
+    source: Path      # the user's edited file
+    path: str         # where it goes in the package
+    replaces: str     # pristine sha256, or "new"
+    how: str          # how the path was found
+
+
+def init_patchset(conn: Connection, from_dir: Path, package: str, new_under: str | None) -> tuple[list[InitEntry], str]:
+    """Map a directory of edited files onto the host's package (one round trip): a file kept at
+    its package path (DIR/srt/x.py) stays there; a flat file is found by name on the host."""
+    from .errors import ConfigError
+
+    edited = sorted(p for p in from_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                    and p.suffix != ".pyc")
+    if not edited:
+        raise ConfigError(f"{from_dir} has no files to turn into a patchset")
+    flat = [p for p in edited if p.parent == from_dir]
+    placed = {p: str(p.relative_to(from_dir)) for p in edited if p.parent != from_dir}
+    answer = call(conn, "index", {"package": package, "names": sorted({p.name for p in flat}),
+                                  "paths": sorted(placed.values())})
+    by_name, paths = answer["by_name"], answer["paths"]
+    entries, problems = [], []
+    for p in edited:
+        if p in placed:
+            rel, how = placed[p], "kept from the directory layout"
+        else:
+            matches = by_name.get(p.name, [])
+            if len(matches) > 1:
+                problems.append(f"{p.name} matches {len(matches)} files in {package} ({', '.join(matches)}); put it "
+                                f"at its package path inside {from_dir}")
+                continue
+            if not matches:
+                if new_under is None:
+                    problems.append(f"{p.name} is not in {package} on {conn.host.name}: a new file needs a place; "
+                                    f"pass --new-under DIR (e.g. srt/speculative) or put it at its package path "
+                                    f"inside {from_dir}")
+                    continue
+                rel, how = f"{new_under.strip('/')}/{p.name}", "new (--new-under)"
+            else:
+                rel, how = matches[0], f"found by name on {conn.host.name}"
+        state = paths.get(rel)
+        replaces = NEW if state is None else state["pristine_sha256"]
+        if replaces is None:  # an sglfleet release added it: pristine is "absent"
+            replaces = NEW
+        entries.append(InitEntry(p, rel, replaces, how))
+    if problems:
+        raise ConfigError("cannot map every edited file onto the package:\n  " + "\n  ".join(problems))
+    return entries, answer["package"]["version"]
+
+
+def write_patchset(out: Path, name: str, package: str, version: str | None, entries: list[InitEntry]) -> Path:
+    import shutil
+
+    import yaml
+
+    files_dir = out / "files"
+    files_dir.mkdir(parents=True)
+    manifest = {"name": name, "package": package, "versions": f"=={version}" if version else ">=0",
+                "files": []}
+    for e in entries:
+        target = files_dir / e.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(e.source, target)
+        manifest["files"].append({"path": e.path, "source": f"files/{e.path}", "replaces": e.replaces})
+    header = (f"# Written by `sglfleet patchset init` against {package} {version}: each file replaces the\n"
+              "# pristine file with that sha256 ('new': added). Edit freely; `sglfleet plan` checks it.\n")
+    (out / "patchset.yaml").write_text(header + yaml.safe_dump(manifest, sort_keys=False, width=120))
+    return out / "patchset.yaml"

@@ -275,3 +275,31 @@ def test_kill_mid_transfer_and_mid_swap_20_trials_each(lab, inventory):
     assert len(reports["transfer"]["states"]) == len(reports["swap"]["states"]) == TRIALS
     # The swap kills must really land mid-swap: some trials leave a mix of old and new files.
     assert any(len(set(s)) == 2 for s in reports["swap"]["states"]), reports["swap"]["states"]
+
+
+def test_patchset_init_from_hand_edited_files_then_push(lab, inventory, tmp_path):
+    edited = tmp_path / "seed-edits"
+    edited.mkdir()
+    with connect(inventory, "ct133") as conn:
+        root = inspect(conn, load_profile(PROFILE).artifacts())["package"]["root"]
+        original = conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout
+        (edited / "spec_info.py").write_bytes(original + b"# seed edit\n")  # flat, found by name
+        (edited / "ddtree_seed.py").write_text("SEED = 1\n")                # new: needs --new-under
+        out = tmp_path / "patchset"
+        proc = cli(lab, "patchset", "init", "--from", str(edited), "--against", "ct133", "--out", str(out))
+        assert proc.returncode == 2 and "ddtree_seed.py is not in sglang on ct133" in " ".join(proc.stderr.split())
+        assert not out.exists()  # refused before writing anything
+        proc = cli(lab, "patchset", "init", "--from", str(edited), "--against", "ct133", "--out", str(out),
+                   "--new-under", "srt/speculative")
+        assert proc.returncode == 0, proc.stderr
+        patchset = load_patchset(out)
+        from orchestrator.patchset import sha256
+        assert {f.path: f.replaces for f in patchset.manifest.files} == {
+            "srt/speculative/spec_info.py": sha256(original), "srt/speculative/ddtree_seed.py": "new"}
+        assert patchset.manifest.versions == "==0.5.23"
+        (tmp_path / "seed.yaml").write_text(f"name: seed\ndeploy:\n  patchset: {out}\n")
+        proc = cli(lab, "push", "ct133", str(tmp_path / "seed.yaml"))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout.endswith(b"# seed edit\n")
+        assert cli(lab, "rollback", "ct133").returncode == 0
+        assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout == original

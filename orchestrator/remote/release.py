@@ -420,6 +420,29 @@ def cmd_inspect(host, args):
             "interrupted": journal and {"txid": journal["txid"], "files": len(journal["ops"])}}
 
 
+def cmd_index(host, args):
+    """Where files named like the user's edited ones live in the package, with their hashes and
+    the hash of the pristine bytes under any sglfleet release (for `patchset init`)."""
+    names, records, found = set(args.get("names") or []), host.releases(), {}
+    root = host.roots["pkg"]
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name in names:
+                rel = os.path.relpath(os.path.join(directory, name), root)
+                found.setdefault(name, []).append(rel)
+    paths = {}
+    for rel in set(args.get("paths") or []) | {r for rels in found.values() for r in rels}:
+        key = "pkg/" + rel
+        target = host.path(key)
+        if not os.path.lexists(target):
+            paths[rel] = None
+            continue
+        sha = sha256_file(target)
+        paths[rel] = {"sha256": sha, "pristine_sha256": host.pristine_source(key, sha, records)[1]}
+    return {"package": host.package, "by_name": {n: sorted(r) for n, r in found.items()}, "paths": paths}
+
+
 def safe_members(tar, staging):
     for member in tar:
         name = member.name
@@ -574,6 +597,8 @@ def main():
             result = cmd_apply(host, args, sys.stdin.buffer)
         elif command == "releases":
             result = cmd_releases(host, args)
+        elif command == "index":
+            result = cmd_index(host, args)
         elif command == "rollback":
             result = cmd_rollback(host, args)
         else:
