@@ -27,9 +27,15 @@ $(VENV)/.installed: pyproject.toml
 
 setup: sshd $(VENV)/.installed
 
+# The main job on the lab: facts, then the DDTree patchset planned and pushed, the launch flags
+# rendered (with their sources), and SGLang's own validation run on every host.
 demo: setup
 	$(SGLFLEET) lab up --hosts 4
 	$(SGLFLEET) facts all
+	$(SGLFLEET) plan all qwen36-ddtree
+	$(SGLFLEET) push all qwen36-ddtree
+	$(SGLFLEET) render ct129 qwen36-ddtree
+	$(SGLFLEET) smoke all qwen36-ddtree
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
