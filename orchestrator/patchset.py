@@ -31,10 +31,10 @@ from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from .errors import ConfigError, SglfleetError
-from .yamlsrc import SourceMap, load_yaml, validation_error
+from .yamlsrc import load_model
 
 NEW = "new"
 
@@ -203,13 +203,7 @@ def load_patchset(directory: str | Path) -> Patchset:
     directory = Path(directory)
     manifest_path = directory / "patchset.yaml"
     shown = str(manifest_path)
-    data = load_yaml(manifest_path, shown)
-    if not isinstance(data, SourceMap):
-        raise ConfigError("a patchset manifest must be a mapping (name, package, versions, files, edits)", shown, 1)
-    try:
-        manifest = Manifest.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc, data, shown) from None
+    manifest, data = load_model(manifest_path, Manifest, "a patchset manifest (name, package, versions, files, edits)")
     sources: dict[str, bytes] = {}
     for index, entry in enumerate(manifest.files):
         source = directory / entry.source

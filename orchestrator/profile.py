@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from .artifacts import Extension, load_extension
 from .errors import ConfigError
 from .patchset import Patchset, load_patchset
-from .yamlsrc import SourceMap, load_yaml, validation_error
+from .yamlsrc import SourceMap, load_model
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,14 +137,7 @@ def find_profile(name_or_path: str) -> Path:
 
 def load_profile(name_or_path: str) -> Profile:
     path = find_profile(name_or_path)
-    shown = str(path)
-    data = load_yaml(path, shown)
-    if not isinstance(data, SourceMap):
-        raise ConfigError("a profile must be a mapping", shown, 1)
-    try:
-        model = ProfileModel.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc, data, shown) from None
+    model, data = load_model(path, ProfileModel, "a profile")
     return Profile(path, model, data)
 
 

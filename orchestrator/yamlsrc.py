@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from .errors import ConfigError
 
@@ -105,3 +106,15 @@ def validation_error(exc: Any, data: Any, path: str) -> ConfigError:
     if first.get("type") == "extra_forbidden":
         message = f"unknown key '{loc[-1]}'"
     return ConfigError(f"{where}: {message}", path, line_at(data, loc))
+
+
+def load_model(path: str | Path, schema: Any, what: str) -> tuple[Any, SourceMap]:
+    """Load a YAML mapping and validate it against a pydantic model; errors carry file:line."""
+    shown = str(path)
+    data = load_yaml(path, shown)
+    if not isinstance(data, SourceMap):
+        raise ConfigError(f"{what} must be a mapping", shown, 1)
+    try:
+        return schema.model_validate(data), data
+    except ValidationError as exc:
+        raise validation_error(exc, data, shown) from None

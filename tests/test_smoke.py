@@ -89,3 +89,22 @@ def test_smoke_on_8_hosts_one_missing_model_fails_alone(lab, inventory, tmp_path
         if name != broken:
             assert host["ok"] and host["probe"]["fields"]["speculative_algorithm"] == "DFLASH", name
     assert sorted(p.name for p in Path(doc["run_dir"]).glob("*.json")) == sorted(f"{h}.json" for h in doc["hosts"])
+
+
+def test_local_preflight_runs_the_same_probe_without_a_host(lab, tmp_path):
+    """--local against a local SGLang: the lab's base image venv, run in place on this machine."""
+    from orchestrator.lab.base import base_dir
+
+    base = base_dir()
+    python = base / "root" / "ml-env" / "bin" / "python3"
+    text = (ROOT / "playbooks" / "qwen3-8b-dflash.yaml").read_text().replace("/root/models", f"{base}/root/models")
+    profile = tmp_path / "local.yaml"
+    profile.write_text(text)
+    proc = sglfleet("smoke", "--local", str(profile), "--python", str(python), "--simulate", "h200", "--json",
+                    "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    local = json.loads(proc.stdout)["hosts"]["local"]
+    assert local["ok"] and local["simulate"] == "h200"
+    assert local["probe"]["fields"]["speculative_algorithm"] == "DFLASH"
+    assert local["probe"]["fields"]["speculative_num_draft_tokens"] == 16
+    assert local["probe"]["python"] == str(python)

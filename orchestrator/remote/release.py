@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import time
 
