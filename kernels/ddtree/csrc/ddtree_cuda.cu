@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
   const T* x = logits + row * vocab + start;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 
-  // 1. Stage the chunk (16-byte loads when aligned), tracking each thread's largest key.
+  // 1. Stage the chunk, tracking each thread's largest key. Aligned chunks go through cp.async:
+  // every thread has all its 16-byte copies in flight at once (a load-then-store loop keeps one
+  // per thread, and at large batch the CTA's time was mostly that latency, not bandwidth).
+  // A thread then reads back only the vectors it copied itself, so no barrier is needed here.
   uint32_t kmax = 0;
   constexpr int kVec = 16 / sizeof(T);
   int staged = 0;
@@ -181,8 +184,13 @@ __global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __res
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     uint4* sv = reinterpret_cast<uint4*>(xs);
     for (int i = tid; i < nvec; i += blockDim.x) {
-      const uint4 raw = __ldg(xv + i);
-      sv[i] = raw;
+      const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sv + i));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(xv + i) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    for (int i = tid; i < nvec; i += blockDim.x) {
+      const uint4 raw = sv[i];
       const T* vals = reinterpret_cast<const T*>(&raw);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) kmax = max(kmax, Traits::key(vals[j]));
