@@ -120,20 +120,21 @@ def call(conn: Connection, command: str, args: dict[str, Any], payload: Any = No
 # ---------------------------------------------------------------- inspect + plan
 
 
-def targets(artifacts: Artifacts) -> list[tuple[str, bool]]:
-    """(key, needs the pristine base) for every file the artifacts may write."""
-    out = []
+def targets(artifacts: Artifacts) -> list[tuple[str, bool, str | None]]:
+    """(key, needs the pristine base, the pristine sha256 the patchset pins) per file it may write."""
+    out: list[tuple[str, bool, str | None]] = []
     if artifacts.patchset:
-        out += [(f"pkg/{p}", artifacts.patchset.edited(p)) for p in artifacts.patchset.targets()]
+        ps = artifacts.patchset
+        out += [(f"pkg/{p}", ps.edited(p), ps.expected_pristine(p) if ps.edited(p) else None) for p in ps.targets()]
     if artifacts.extension:
-        out.append((artifacts.extension.key, False))
+        out.append((artifacts.extension.key, False, None))
     return out
 
 
 def inspect(conn: Connection, artifacts: Artifacts, recover: bool = False, command: str = "inspect",
             with_text: bool = False) -> dict[str, Any]:
     package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
-    args = {"package": package, "targets": [[k, base, with_text] for k, base in targets(artifacts)],
+    args = {"package": package, "targets": [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)],
             "recover": recover, "holder": holder(command)}
     return call(conn, "inspect", args)
 

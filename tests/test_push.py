@@ -152,6 +152,11 @@ def test_drift_is_refused_force_overrides_and_rollback_restores_bytes(lab, inven
         assert cli(lab, "rollback", "ct130", "--to", "pristine", "--force").returncode == 0
         assert files.hashes() == pristine
         assert files.temp_files() == ""
+        # After that history (a forced release over a hand edit, both rolled back), a push still
+        # renders the anchored edits on the pristine bytes, not on the hand-edited backup.
+        assert push_json(lab, "ct130")[0] == 0
+        assert files.hashes() == new
+        assert cli(lab, "rollback", "ct130").returncode == 0
 
 
 def test_two_concurrent_pushes_one_is_refused_by_the_lock(lab, inventory):

@@ -200,10 +200,17 @@ class Host:
         os.replace(tmp, path)
         fsync_dir(self.state)
 
-    def pristine_source(self, key, sha, records):
-        """Follow our releases back from a file's current hash to the bytes that were there
-        before sglfleet first touched it: (path or None when there was no file, hash)."""
+    def pristine_source(self, key, sha, records, expected=None):
+        """The bytes that were there before sglfleet changed the file: (path or None when there
+        was no file, hash). With the pristine hash the patchset pins (`expected`), any copy of
+        exactly those bytes wins: the file itself or a backup in any release."""
         source = self.path(key)
+        if expected is not None:
+            if sha == expected:
+                return source, sha
+            for record in reversed(records):
+                if record["files"].get(key, {}).get("before") == expected:
+                    return os.path.join(record["dir"], "backup", key), expected
         if not any(r["files"].get(key, {}).get("after") == sha for r in records):
             # Not our bytes. If a release ever changed this file, someone edited it since:
             # the bytes under our change are still the ones that release backed up.
@@ -394,7 +401,7 @@ def cmd_inspect(host, args):
             recovered = recover(host)
     records = host.releases()
     files = {}
-    for key, want_base, want_text in args["targets"]:
+    for key, want_base, want_text, expected in args["targets"]:
         target = host.path(key)
         entry = {"exists": os.path.lexists(target), "sha256": None}
         if entry["exists"]:
@@ -405,7 +412,7 @@ def cmd_inspect(host, args):
             ours = [r["id"] for r in records if r["files"].get(key, {}).get("after") == entry["sha256"]]
             entry["ours"] = ours[-1] if ours else None
             if want_base:
-                source, base_sha = host.pristine_source(key, entry["sha256"], records)
+                source, base_sha = host.pristine_source(key, entry["sha256"], records, expected)
                 entry["base_sha256"] = base_sha
                 if source is not None:
                     with open(source, "rb") as fh:
