@@ -455,8 +455,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
     """Run SGLang's prepare_server_args AND its full validation with the rendered flags on each host."""
     from .inventory import Host
     from .profile import load_profile
-    from .render import RenderError, render, server_facts
-    from .smoke import diagnose, run_dir, run_probe, store
+    from .smoke import run_dir, store
 
     if local:
         if pattern and not profile:
@@ -464,8 +463,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
         prof = load_profile(local)
         host = Host(name="local", address="127.0.0.1", python=python or sys.executable)
         directory = run_dir(runs)
-        document = _smoke_one(None, host, prof, "local", simulate, python, render, server_facts, run_probe,
-                              diagnose, RenderError)
+        document = _smoke_one(None, host, prof, "local", simulate, python)
         store(directory, "local", document)
         results = {"local": document}
     else:
@@ -475,8 +473,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
         directory = run_dir(runs)
 
         def task(conn):
-            document = _smoke_one(conn, conn.host, prof, inv.path, _simulate_for(conn.host, simulate), None,
-                                  render, server_facts, run_probe, diagnose, RenderError)
+            document = _smoke_one(conn, conn.host, prof, inv.path, _simulate_for(conn.host, simulate), None)
             store(directory, conn.host.name, document)
             return TaskOutcome(document["ok"], document, None if document["ok"] else document["summary"])
 
@@ -520,12 +517,15 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
     raise typer.Exit(1 if failed else 0)
 
 
-def _smoke_one(conn, host, prof, inventory_path, simulate, python, render, server_facts, run_probe, diagnose,
-               render_error) -> dict[str, Any]:
+def _smoke_one(conn, host, prof, inventory_path, simulate, python) -> dict[str, Any]:
+    """Render, then probe, one host (conn None: locally); the stored document."""
+    from .render import RenderError, render, server_facts
+    from .smoke import diagnose, run_probe
+
     started = time.monotonic()
     try:
         rendered = render(host, prof, server_facts(conn, prof, python), inventory_path)
-    except render_error as exc:
+    except RenderError as exc:
         return {"ok": False, "phase": "render", "summary": str(exc), "diagnosis": [], "probe": None}
     probe = run_probe(conn, rendered, simulate, python)
     document = {"ok": probe["ok"], "phase": probe.get("phase"), "simulate": simulate,
