@@ -27,13 +27,18 @@ namespace {
 // topk_merge_kernel: one CTA per row merges the chunks' sorted lists and logsumexp partials.
 // Chunks give bs=1 enough CTAs to fill the GPU; rows give large batches theirs.
 
-constexpr int kTopkThreads = 512;  // 2 CTAs per SM (registers and shared memory allow two)
+constexpr int kTopkThreads = 512;
+// 3 CTAs per SM: while one runs its barrier stages on staged data, the others' copies are in
+// flight (at 2 per SM, bs=64 spent most of each CTA's time outside the staging). Shared memory
+// per CTA: a 48 KB chunk + ~19 KB of ChunkShared.
+constexpr int kCtasPerSm = 3;
 constexpr int kRadixBits = 11;
 constexpr int kBins = 1 << kRadixBits;
-constexpr int kCandCap = 4096;
-constexpr int kChunkBytes = 64 * 1024;
+constexpr int kCandCap = 2048;  // the radix fallback needs kBins/2 + 1024 (K <= 1024)
+constexpr int kChunkBytes = 48 * 1024;
 constexpr int kMergeMax = 16384;
 constexpr int kRankByCount = 1024;  // up to this many candidates, rank by counting instead of sorting
+static_assert(kCandCap >= (1 << 11) / 2 + 1024, "the radix fallback keeps its histogram and up to 1024 winners in cand");
 
 template <typename T> struct KeyTraits;
 template <> struct KeyTraits<float> {
@@ -156,7 +161,7 @@ __device__ __forceinline__ int next_pow2(int n) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kTopkThreads) topk_chunk_kernel(const T* __restrict__ logits, int64_t vocab,
+__global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(const T* __restrict__ logits, int64_t vocab,
                                                                   int chunk, int splits, int k,
                                                                   unsigned long long* __restrict__ ws_cand,
                                                                   float2* __restrict__ ws_stats) {
@@ -372,7 +377,9 @@ struct TopkPlan {
 inline TopkPlan topk_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
   const int per_chunk = kChunkBytes / elem_bytes;
   int splits = int((vocab + per_chunk - 1) / per_chunk);
-  const int64_t want = 2 * int64_t(sms) / rows;  // fill the GPU's 2 CTAs per SM in one wave
+  // Small batches: about two chunks per SM. More (one per resident CTA) measured slower at bs=1:
+  // the merge kernel's work grows with the number of chunk lists.
+  const int64_t want = 2 * int64_t(sms) / rows;
   if (want > splits) splits = int(want);
   const int max_splits = kMergeMax / k;
   if (splits > max_splits) splits = max_splits;
