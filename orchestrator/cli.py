@@ -156,13 +156,20 @@ def _command_line() -> str:
     return "sglfleet " + " ".join(sys.argv[1:])
 
 
+def _file_list(files: list[dict[str, Any]], *statuses: str) -> str:
+    """`N: a.py, b.py` (base names; --json and --diff have the full paths)."""
+    names = [f["key"].rsplit("/", 1)[-1] for f in files if f["status"] in statuses]
+    return f"{len(names)}: {', '.join(names)}" if names else "-"
+
+
+CHANGING = ("add", "change", "update", "forced")
+
+
 def _plan_row(value: dict[str, Any]) -> list[str]:
     files = value["files"]
-    by = lambda *statuses: [f["key"].split("/", 1)[1] for f in files if f["status"] in statuses]  # noqa: E731
-    changing = by("add", "change", "update", "forced")
     notes = value["refusals"] + value["notes"]
-    return [value.get("package_version") or "?", ", ".join(changing) or "-", str(len(by("current"))),
-            ", ".join(by("drifted")) or "-", "; ".join(notes) or "-"]
+    return [value.get("package_version") or "?", _file_list(files, *CHANGING),
+            str(sum(f["status"] == "current" for f in files)), _file_list(files, "drifted"), "; ".join(notes) or "-"]
 
 
 @app.command()
@@ -258,10 +265,9 @@ def push(pattern: str = typer.Argument(..., help="Host pattern."),
     def row(v: dict[str, Any]) -> list[str]:
         if "files" not in v:  # the host's own refusal (lock, verify) without a plan
             return [v.get("error", "failed"), "", "", ""]
-        changed = [f["key"].split("/", 1)[1] for f in v["files"] if f["status"] in ("add", "change", "update", "forced")]
         notes = v["notes"] + ([f"undid interrupted run {v['recovered']['txid']}"] if v.get("recovered") else [])
-        return [v["release"] or "already current", ", ".join(changed) or "-", output.human_bytes(v["content_bytes"]),
-                "; ".join(notes) or "-"]
+        return [v["release"] or "already current", _file_list(v["files"], *CHANGING),
+                output.human_bytes(v["content_bytes"]), "; ".join(notes) or "-"]
 
     _release_table(f"push {release_id}", results, ["release", "changed", "sent", "notes"], row)
     raise typer.Exit(results.exit_code)
