@@ -55,6 +55,27 @@ def _run_group(inventory: Inventory, pattern: str, task: Any, label: str, forks:
         return group.run(task, label)
 
 
+def _on_one_host(inv: Inventory, pattern: str, what: str, task: Any, label: str, policy: Optional[str]) -> Any:
+    """Run `task(conn)` on the one host `pattern` selects and return its value; a failure is
+    raised as the task's own error, so it keeps its exit code (2 for a render error)."""
+    selected = inv.select(pattern)
+    if len(selected) != 1:
+        raise ConfigError(f"{what} takes one host; '{pattern}' selects {len(selected)}")
+    raised: list[SglfleetError] = []
+
+    def capture(conn):
+        try:
+            return task(conn)
+        except SglfleetError as exc:
+            raised.append(exc)
+            raise
+
+    result = _run_group(inv, pattern, capture, label, 1, policy, quiet=True)[selected[0].name]
+    if not result.ok:
+        raise raised[0] if raised else SglfleetError(result.error or f"{label} failed")
+    return result.value
+
+
 @app.command()
 def hosts(pattern: str = typer.Argument("all", help="Host pattern (Ansible --limit syntax)."),
           inventory: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> None:
@@ -157,18 +178,19 @@ def _command_line() -> str:
 
 
 def _file_list(files: list[dict[str, Any]], *statuses: str) -> str:
-    """`N: a.py, b.py` (base names; --json and --diff have the full paths)."""
+    """`N: a.py, b.py` of the files in `statuses` (default: those a push changes); base names only,
+    --json and --diff have the full paths."""
+    from .releases import CHANGING
+
+    statuses = statuses or CHANGING
     names = [f["key"].rsplit("/", 1)[-1] for f in files if f["status"] in statuses]
     return f"{len(names)}: {', '.join(names)}" if names else "-"
-
-
-CHANGING = ("add", "change", "update", "forced")
 
 
 def _plan_row(value: dict[str, Any]) -> list[str]:
     files = value["files"]
     notes = value["refusals"] + value["notes"]
-    return [value.get("package_version") or "?", _file_list(files, *CHANGING),
+    return [value.get("package_version") or "?", _file_list(files),
             str(sum(f["status"] == "current" for f in files)), _file_list(files, "drifted"), "; ".join(notes) or "-"]
 
 
@@ -195,7 +217,8 @@ def plan(pattern: str = typer.Argument(..., help="Host pattern."),
     if as_json:
         output.print_json(output.group_json("plan", results, pattern=pattern, profile=profile))
         raise typer.Exit(results.exit_code)
-    _release_table("plan", results, ["sglang", "would change", "current", "drifted", "notes"], _plan_row)
+    output.summary_table("plan", results, ["sglang", "would change", "current", "drifted", "notes"], _plan_row,
+                         refusals_have_rows=True)
     if diff:
         for name, host_plan in plans.items():
             for f in host_plan.changes:
@@ -203,26 +226,6 @@ def plan(pattern: str = typer.Argument(..., help="Host pattern."),
                 sys.stdout.write(f.diff())
         sys.stdout.flush()
     raise typer.Exit(results.exit_code)
-
-
-def _release_table(title: str, results: Any, columns: list[str], row: Any) -> None:
-    """Like output.summary_table, but a host that answered keeps its row (refusals included)."""
-    table = output.Table(title=title)
-    table.add_column("host", style="bold")
-    table.add_column("status")
-    for col in columns:
-        table.add_column(col)
-    for name, result in results.items():
-        status = "[green]ok[/]" if result.ok else "[red]refused[/]" if result.value else "[red]failed[/]"
-        cells = row(result.value) if result.value else [(result.error or "failed").splitlines()[0]] + \
-            [""] * (len(columns) - 1)
-        table.add_row(output.escape(name), status, *[output.escape(c) for c in cells])
-    output.stdout.print(table)
-    ok, failed = len(results.succeeded), len(results.failed)
-    output.stdout.print(f"{ok} ok, {failed} failed", style="red" if failed else "green", highlight=False)
-    for name, result in results.failed.items():
-        if not result.value and result.error and "\n" in result.error:
-            output.stdout.print(f"\n[red]{output.escape(name)}[/]:\n{output.escape(result.error)}", highlight=False)
 
 
 @app.command()
@@ -266,10 +269,11 @@ def push(pattern: str = typer.Argument(..., help="Host pattern."),
         if "files" not in v:  # the host's own refusal (lock, verify) without a plan
             return [v.get("error", "failed"), "", "", ""]
         notes = v["notes"] + ([f"undid interrupted run {v['recovered']['txid']}"] if v.get("recovered") else [])
-        return [v["release"] or "already current", _file_list(v["files"], *CHANGING),
+        return [v["release"] or "already current", _file_list(v["files"]),
                 output.human_bytes(v["content_bytes"]), "; ".join(notes) or "-"]
 
-    _release_table(f"push {release_id}", results, ["release", "changed", "sent", "notes"], row)
+    output.summary_table(f"push {release_id}", results, ["release", "changed", "sent", "notes"], row,
+                         refusals_have_rows=True)
     raise typer.Exit(results.exit_code)
 
 
@@ -361,28 +365,14 @@ def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory o
     out = out or Path("patches") / name
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} already exists and is not empty; choose --out or remove it")
-    inv = _inventory(inventory)
-    holder: dict[str, Any] = {}
-
-    def task(conn):
-        try:
-            holder["entries"], holder["version"] = init_patchset(conn, from_dir, package, new_under)
-        except SglfleetError as exc:
-            holder["error"] = exc
-            raise
-        return len(holder["entries"])
-
-    hosts = inv.select(against)
-    if len(hosts) != 1:
-        raise ConfigError(f"--against takes one host; '{against}' selects {len(hosts)}")
-    result = _run_group(inv, against, task, "patchset init", 1, host_key_policy, quiet=True)[hosts[0].name]
-    if not result.ok:
-        raise holder.get("error") or SglfleetError(result.error or "patchset init failed")
-    manifest = write_patchset(out, name, package, holder["version"], holder["entries"])
-    table = output.Table(title=f"{manifest}: {len(holder['entries'])} file(s) against {package} {holder['version']}")
+    entries, version = _on_one_host(_inventory(inventory), against, "--against",
+                                    lambda conn: init_patchset(conn, from_dir, package, new_under),
+                                    "patchset init", host_key_policy)
+    manifest = write_patchset(out, name, package, version, entries)
+    table = output.Table(title=f"{manifest}: {len(entries)} file(s) against {package} {version}")
     for col in ("file", "package path", "replaces", "how"):
         table.add_column(col)
-    for e in holder["entries"]:
+    for e in entries:
         table.add_row(str(e.source), e.path, e.replaces[:12] + ("…" if e.replaces != "new" else ""), e.how)
     output.stdout.print(table)
 
@@ -406,26 +396,10 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
     from .render import render, server_facts
 
     inv, prof = _inventory(inventory), load_profile(profile)
-    selected = inv.select(host)
-    if len(selected) != 1:
-        raise ConfigError(f"render works on one host; '{host}' selects {len(selected)}")
-    holder: dict[str, Any] = {}
-
-    def task(conn):
-        try:
-            holder["r"] = render(conn.host, prof, server_facts(conn, prof), inv.path)
-        except SglfleetError as exc:
-            holder["error"] = exc  # re-raised below with its own exit code (2 for a render error)
-            raise
-        return holder["r"].to_json()
-
-    results = _run_group(inv, host, task, "render", 1, host_key_policy, quiet=True)
-    result = results[selected[0].name]
-    if not result.ok:
-        raise holder.get("error") or SglfleetError(result.error or "render failed")
-    rendered = holder["r"]
+    rendered = _on_one_host(inv, host, "render", lambda conn: render(conn.host, prof, server_facts(conn, prof),
+                                                                     inv.path), "render", host_key_policy)
     if as_json:
-        output.print_json(result.value)
+        output.print_json(rendered.to_json())
         return
     if what == "env":
         sys.stdout.write(rendered.template("sglang.env.j2"))

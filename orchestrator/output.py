@@ -88,7 +88,9 @@ def group_json(command: str, results: GroupResult, **extra: Any) -> dict[str, An
 
 
 def summary_table(title: str, results: GroupResult, columns: list[str],
-                  row: Callable[[Any], list[str]]) -> None:
+                  row: Callable[[Any], list[str]], refusals_have_rows: bool = False) -> None:
+    """One row per host. With refusals_have_rows, a host that answered but refused (a failed
+    result with a value, e.g. a drifted file) keeps its row, marked refused."""
     table = Table(title=title)
     table.add_column("host", style="bold")
     table.add_column("status")
@@ -97,6 +99,8 @@ def summary_table(title: str, results: GroupResult, columns: list[str],
     for name, result in results.items():
         if result.ok:
             table.add_row(escape(name), "[green]ok[/]", *[escape(c) for c in row(result.value)])
+        elif refusals_have_rows and result.value:
+            table.add_row(escape(name), "[red]refused[/]", *[escape(c) for c in row(result.value)])
         else:
             first = (result.error or "failed").splitlines()[0]
             table.add_row(escape(name), "[red]failed[/]", escape(first), *[""] * (len(columns) - 1))
@@ -104,7 +108,8 @@ def summary_table(title: str, results: GroupResult, columns: list[str],
     ok, failed = len(results.succeeded), len(results.failed)
     stdout.print(f"{ok} ok, {failed} failed", style="red" if failed else "green", highlight=False)
     for name, result in results.failed.items():
-        if result.error and "\n" in result.error:
+        shown_as_row = refusals_have_rows and result.value
+        if result.error and "\n" in result.error and not shown_as_row:
             stdout.print(f"\n[red]{escape(name)}[/]:\n{escape(result.error)}", highlight=False)
 
 

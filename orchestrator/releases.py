@@ -168,7 +168,7 @@ def make_plan(host: str, inspected: dict[str, Any], artifacts: Artifacts, force:
     if any(f.status == DRIFTED for f in files):
         refusals.append("drifted (neither pristine nor written by sglfleet; --force replaces them, "
                         "the backup keeps them): " + ", ".join(f.key for f in files if f.status == DRIFTED))
-    if any(f.status in CHANGING for f in files if f.key == (extension.key if extension else None)):
+    if extension and any(f.key == extension.key and f.status in CHANGING for f in files):
         import_check += ["torch", extension.module]
     interrupted = inspected.get("interrupted")
     if interrupted:

@@ -84,19 +84,26 @@ def environment() -> jinja2.Environment:
     return env
 
 
+def run_script(conn: Any, script: Path, arg: str, python: str | None = None,
+               timeout: float = 600) -> tuple[str, str, bool]:
+    """Run one of our remote .py files with one argument, fed over stdin, on the host, or in a local
+    process when conn is None (--local): the same file the same way, so tracebacks read alike."""
+    if conn is None:
+        import subprocess
+        import sys
+        proc = subprocess.run([python or sys.executable, "-", arg], input=script.read_text(), capture_output=True,
+                              text=True, timeout=timeout)
+        return proc.stdout, proc.stderr, proc.returncode == 0
+    result = conn.run_python(script, [arg], timeout=timeout)
+    return result.stdout_text, result.stderr_text, result.ok
+
+
 def server_facts(conn: Any, profile: Profile, python: str | None = None) -> dict[str, Any]:
     """One round trip (or one local process when conn is None, for --local)."""
     model = profile.model.model
     spec = profile.model.speculative
     args = json.dumps({"model": model.path if model else None, "draft": spec.draft_model if spec else None})
-    if conn is None:
-        import subprocess
-        import sys
-        proc = subprocess.run([python or sys.executable, str(SERVER_FACTS), args], capture_output=True, text=True)
-        stdout, stderr, ok = proc.stdout, proc.stderr, proc.returncode == 0
-    else:
-        result = conn.run_python(SERVER_FACTS, [args], timeout=300)
-        stdout, stderr, ok = result.stdout_text, result.stderr_text, result.ok
+    stdout, stderr, ok = run_script(conn, SERVER_FACTS, args, python, timeout=300)
     if not ok:
         raise SglfleetError(f"server facts failed:\n{stdout}{stderr}".rstrip())
     return json.loads(stdout)

@@ -9,25 +9,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered
+from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, run_script
 
 PROBE = Path(__file__).parent / "remote" / "smoke_probe.py"
 
 
 def run_probe(conn: Any, rendered: Rendered, simulate: str | None, python: str | None = None) -> dict[str, Any]:
     request = json.dumps({"argv": rendered.argv, "simulate": simulate})
-    if conn is None:  # --local
-        proc = subprocess.run([python or sys.executable, str(PROBE), request], capture_output=True, text=True)
-        stdout, stderr = proc.stdout, proc.stderr
-    else:
-        result = conn.run_python(PROBE, [request], timeout=600)
-        stdout, stderr = result.stdout_text, result.stderr_text
+    stdout, stderr, _ = run_script(conn, PROBE, request, python)
     try:
         return json.loads(stdout)
     except ValueError:
