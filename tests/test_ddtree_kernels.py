@@ -138,6 +138,59 @@ def test_end_to_end_draft_tree(ext, device):
             assert_tree_equal(got, b, want, B)
 
 
+# The fused CUDA path (one launch: chunked top-K, row merge, tree build, mask) against the
+# reference. (bs, L, V, B, kind, dtype); K = min(B, V).
+FUSED_CASES = [
+    (1, 15, 151936, 64, "random", torch.bfloat16), (64, 15, 151936, 64, "random", torch.bfloat16),
+    (7, 15, 151936, 256, "ties", torch.bfloat16), (1, 1, 32, 1, "flat", torch.float32),
+    (7, 8, 1000, 16, "flat", torch.float16), (3, 15, 32, 256, "ties", torch.float32),
+    (64, 8, 151936, 128, "random", torch.float16), (2, 15, 151937, 200, "random", torch.bfloat16),
+    (5, 15, 4099, 33, "ties", torch.float32), (8, 15, 151936, 256, "random", torch.bfloat16),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused path is CUDA; on the CPU draft_tree composes")
+@pytest.mark.parametrize("bs,L,V,B,kind,dtype", FUSED_CASES)
+def test_fused_draft_tree(ext, bs, L, V, B, kind, dtype):
+    logits = make_logits(bs, L, V, kind, seed=bs * 7 + B, dtype=dtype)
+    k = min(B, V)
+    out = ext.draft_tree(logits.cuda(), B, k, True)
+    ids, lp, lse = (t.cpu() for t in out[:3])
+    want_ids, want_lp, want_lse = reference.topk_logprobs(logits.view(bs * L, V), k)
+    assert torch.equal(ids.view(bs * L, k), want_ids)
+    torch.testing.assert_close(lse.view(-1), want_lse, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(lp.view(bs * L, k), want_lp, rtol=2e-6, atol=4e-6)
+    tree = ops.TreeBatch(*(t.cpu() for t in out[3:10]))
+    tree.vis, tree.vis_packed = out[10].cpu(), out[11].cpu()
+    for b in range(bs):  # everything after the log-probs is bit-identical: rebuild on ours
+        assert_tree_equal(tree, b, reference.build_tree(ids[b], lp[b], B), B)
+    # The standalone ops agree with the fused launch.
+    ids2, lp2, _ = ext.topk_lse(logits.cuda(), k)
+    assert torch.equal(ids2.cpu(), ids) and torch.equal(lp2.cpu(), lp)
+    sep = ext.build_tree(ids2, lp2, B)
+    for got, want in zip(sep, out[3:10]):
+        assert torch.equal(got.cpu(), want.cpu())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_fused_draft_tree_graph_replays(ext):
+    """The fused kernel's counters return to zero: graph replays on new inputs stay exact."""
+    bs, L, V, B = 4, 15, 151936, 64
+    static = make_logits(bs, L, V, "random", seed=1, dtype=torch.bfloat16).cuda()
+    graph = torch.cuda.CUDAGraph()
+    ops.draft_tree(ext, static, B)
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = ops.draft_tree(ext, static, B)
+    for seed in (2, 3, 4):
+        fresh = make_logits(bs, L, V, "ties" if seed == 3 else "random", seed=seed, dtype=torch.bfloat16)
+        static.copy_(fresh.cuda())
+        graph.replay()
+        want = ops.draft_tree(ext, static, B)
+        for name in ("num_nodes", "tokens", "parents", "next_sibling", "vis", "vis_packed"):
+            assert torch.equal(getattr(out, name), getattr(want, name)), (seed, name)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_verify_walk(ext, device):
     rng = random.Random(7)

@@ -23,10 +23,11 @@ class TreeBatch:
 def draft_tree(ext, logits: torch.Tensor, budget: int, topk_cap: int | None = None, mask: bool = True) -> TreeBatch:
     """Draft logits [bs, L, V] -> the DDTree of each request (top-K + logsumexp, build, mask)."""
     k = min(budget, logits.shape[-1], topk_cap or budget)
-    ids, logprobs, _ = ext.topk_lse(logits, k)
-    tree = TreeBatch(*ext.build_tree(ids, logprobs, budget))
+    # One extension call: on CUDA (K, B <= 256) a single kernel launch does all three steps.
+    out = ext.draft_tree(logits, budget, k, mask)
+    tree = TreeBatch(*out[3:10])
     if mask:
-        tree.vis, tree.vis_packed = ext.build_mask(tree.parents, tree.num_nodes)
+        tree.vis, tree.vis_packed = out[10], out[11]
     return tree
 
 

@@ -160,6 +160,71 @@ std::vector<at::Tensor> verify(const at::Tensor& posterior, const at::Tensor& to
   return {accepted, accept_len, bonus};
 }
 
+// logits -> top-K, tree and (with_mask) mask in one call. On CUDA inside the fused path
+// (K <= 256, B <= 256) that is one kernel launch; elsewhere the three ops run in turn.
+std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int64_t k, bool with_mask) {
+  DDTREE_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
+  DDTREE_NO_CUDA(logits);
+  const int64_t bs = logits.size(0), depth = logits.size(1), vocab = logits.size(2);
+  DDTREE_CHECK(k >= 1 && k <= vocab && k <= ddtree::kMaxTopK, "k must be in [1, min(V, 1024)], got " + to_string(k));
+  DDTREE_CHECK(depth >= 1 && depth <= ddtree::kMaxDepth, "depth L must be in [1, 15], got " + to_string(depth));
+  DDTREE_CHECK(budget >= 1 && budget <= ddtree::kMaxBudget, "budget must be in [1, 1024], got " + to_string(budget));
+  DDTREE_CHECK(vocab < (int64_t(1) << 32), "vocab too large");
+#ifdef WITH_CUDA
+  if (logits.is_cuda() && ddtree::draft_fast_path(int(k), int(budget))) {
+    auto x = logits.contiguous();
+    ddtree::DType dt;
+    if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
+    else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
+    else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
+    else fail("logits must be float32, float16 or bfloat16");
+    auto opts = x.options();
+    auto i32 = opts.dtype(at::kInt);
+    auto ids = at::empty({bs, depth, k}, opts.dtype(at::kLong));
+    auto lp = at::empty({bs, depth, k}, opts.dtype(at::kFloat));
+    auto lse = at::empty({bs, depth}, opts.dtype(at::kFloat));
+    auto num_nodes = at::empty({bs}, i32);
+    auto tokens = at::empty({bs, budget}, opts.dtype(at::kLong));
+    auto depths = at::empty({bs, budget}, i32);
+    auto ranks = at::empty({bs, budget}, i32);
+    auto parents = at::empty({bs, budget + 1}, i32);
+    auto first_child = at::empty({bs, budget + 1}, i32);
+    auto next_sibling = at::empty({bs, budget + 1}, i32);
+    const int64_t words = (budget + 1 + 31) / 32;
+    at::Tensor vis, packed;
+    if (with_mask) {
+      vis = at::empty({bs, budget + 1, budget + 1}, opts.dtype(at::kBool));
+      packed = at::empty({bs, budget + 1, words}, i32);
+    }
+    auto ws = at::empty({ddtree::draft_workspace_bytes(dt, bs, depth, vocab, int(k), int(budget))},
+                        opts.dtype(at::kByte));
+    check_cuda(ddtree::draft_tree_cuda(
+                   x.data_ptr(), dt, int(bs), int(depth), vocab, int(k), int(budget), ids.data_ptr<int64_t>(),
+                   lp.data_ptr<float>(), lse.data_ptr<float>(), num_nodes.data_ptr<int32_t>(),
+                   tokens.data_ptr<int64_t>(), depths.data_ptr<int32_t>(), ranks.data_ptr<int32_t>(),
+                   parents.data_ptr<int32_t>(), first_child.data_ptr<int32_t>(), next_sibling.data_ptr<int32_t>(),
+                   with_mask ? vis.data_ptr<bool>() : nullptr,
+                   with_mask ? reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>()) : nullptr, ws.data_ptr(),
+                   stream_of(x)),
+               "draft_tree");
+    return {ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, packed};
+  }
+#endif
+  auto top = topk_lse(logits, k);
+  auto tree = build_tree(top[0], top[1], budget);
+  std::vector<at::Tensor> out = {top[0], top[1], top[2]};
+  out.insert(out.end(), tree.begin(), tree.end());
+  if (with_mask) {
+    auto mask = build_mask(tree[4], tree[0]);
+    out.push_back(mask[0]);
+    out.push_back(mask[1]);
+  } else {
+    out.push_back(at::Tensor());
+    out.push_back(at::Tensor());
+  }
+  return out;
+}
+
 void compact_kv(at::Tensor& cache, const at::Tensor& slot_base, const at::Tensor& accepted,
                 const at::Tensor& accept_len) {
   DDTREE_CHECK(cache.is_contiguous(), "cache must be contiguous [slots, ...]");
@@ -189,6 +254,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "ids, logprobs [bs,L,K], budget -> num_nodes, tokens, depths, ranks, parents, first_child, next_sibling");
   m.def("build_mask", &build_mask, "parents [bs,B+1], num_nodes -> vis bool [bs,B+1,B+1], vis_packed [bs,B+1,W]");
   m.def("verify", &verify, "posterior, tokens, parents, num_nodes, max_accept -> accepted, accept_len, bonus");
+  m.def("draft_tree", &draft_tree, pybind11::arg("logits"), pybind11::arg("budget"), pybind11::arg("k"),
+        pybind11::arg("with_mask") = true,
+        "logits [bs,L,V], budget, k -> ids, logprobs, lse, num_nodes, tokens, depths, ranks, parents, first_child, "
+        "next_sibling, vis, vis_packed (vis and vis_packed None without the mask)");
   m.def("compact_kv", &compact_kv, "cache [slots,...], slot_base, accepted, accept_len (in place)");
 #ifdef WITH_CUDA
   m.attr("with_cuda") = true;

@@ -69,6 +69,14 @@ void compact_kv_cpu(uint8_t* cache, int64_t row_bytes, const int64_t* slot_base,
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k);
 int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, int k, int64_t* ids,
                   float* logprobs, float* lse, void* workspace, void* stream);
+// The fused path (top-K + build + mask in one launch) covers K <= 256 and B <= 256; outside it
+// draft_tree composes the three ops. Its workspace also holds counters it keeps at zero.
+bool draft_fast_path(int k, int budget);
+int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget);
+int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, int64_t vocab, int k, int budget,
+                    int64_t* ids, float* logprobs, float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths,
+                    int32_t* ranks, int32_t* parents, int32_t* first_child, int32_t* next_sibling, bool* vis,
+                    uint32_t* vis_packed, void* workspace, void* stream);
 int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream);

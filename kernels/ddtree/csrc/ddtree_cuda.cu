@@ -8,6 +8,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "ddtree.h"
 
@@ -82,6 +83,7 @@ struct ChunkShared {
   uint32_t redk[32];
   uint32_t prefix, prefix_mask;
   int remaining, count, n_greater, eq_taken;
+  int last;  // fused kernel: this CTA finished its row (or request) last
   typename cub::BlockScan<int, kTopkThreads>::TempStorage scan;
 };
 
@@ -158,6 +160,81 @@ __device__ __forceinline__ int next_pow2(int n) {
   int p = 1;
   while (p < n) p <<= 1;
   return p;
+}
+
+// Ranks the `count` (<= kCandCap) candidates in sh.cand by (value desc, index asc) and writes
+// the best kk to out[0..k), padding with ~0. All threads call it.
+__device__ void write_ranked(ChunkShared& sh, int count, int kk, int k, unsigned long long* out) {
+  const int tid = threadIdx.x;
+  if (count <= kRankByCount) {
+    // Few candidates: each one's rank is the number of better ones (keys are distinct, and all
+    // threads read the same candidate at once: a broadcast, no bank conflicts). No sort stages.
+    for (int c = tid; c < count; c += blockDim.x) {
+      const unsigned long long mine = sh.cand[c];
+      int rank = 0;
+      for (int j = 0; j < count; ++j) rank += sh.cand[j] < mine;
+      if (rank < kk) out[rank] = mine;
+    }
+    for (int r = kk + tid; r < k; r += blockDim.x) out[r] = ~0ull;
+    return;
+  }
+  const int p2 = next_pow2(count);
+  for (int i = count + tid; i < p2; i += blockDim.x) sh.cand[i] = ~0ull;
+  __syncthreads();
+  bitonic_sort(sh.cand, p2);
+  for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? sh.cand[r] : ~0ull;
+}
+
+// Ties flooded the candidate buffer (flat logits): exact radix select of the K-th largest key over
+// the chunk, then the keys above it (any order) and the first equal ones in index order, then a
+// sort. key_at(i) is element i's key, in the key space of `composite`. All threads call it.
+template <int kBits, typename KeyAt>
+__device__ void exact_topk(ChunkShared& sh, int len, int kk, int k, int64_t start, KeyAt key_at,
+                           unsigned long long* out) {
+  const int tid = threadIdx.x;
+  uint32_t* hist = reinterpret_cast<uint32_t*>(sh.cand);
+  const uint32_t kth = radix_kth<kBits>(sh, hist, len, kk, key_at);
+  const int take_equal = sh.remaining;
+  unsigned long long* best = sh.cand + kBins / 2;  // after the histogram's 2048 words
+  if (tid == 0) { sh.n_greater = 0; sh.eq_taken = 0; }
+  __syncthreads();
+  constexpr int kItems = 4;
+  for (int base = 0; base < len; base += kTopkThreads * kItems) {
+    const int first = base + tid * kItems;
+    int n_eq = 0;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int i = first + j;
+      if (i < len) {
+        const uint32_t key = key_at(i);
+        if (key > kth) best[atomicAdd(&sh.n_greater, 1)] = composite(key, start + i);
+        else if (key == kth) ++n_eq;
+      }
+    }
+    const int eq_taken = sh.eq_taken;
+    __syncthreads();
+    if (eq_taken < take_equal) {
+      int before, total;
+      cub::BlockScan<int, kTopkThreads>(sh.scan).ExclusiveSum(n_eq, before, total);
+      int pos = eq_taken + before;
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int i = first + j;
+        if (i < len && key_at(i) == kth) {
+          if (pos < take_equal) best[(kk - take_equal) + pos] = composite(kth, start + i);
+          ++pos;
+        }
+      }
+      __syncthreads();
+      if (tid == 0) sh.eq_taken = eq_taken + total;
+    }
+    __syncthreads();
+  }
+  const int p2 = next_pow2(kk);
+  for (int i = kk + tid; i < p2; i += blockDim.x) best[i] = ~0ull;
+  __syncthreads();
+  bitonic_sort(best, p2);
+  for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? best[r] : ~0ull;
 }
 
 template <typename T>
@@ -249,76 +326,62 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
   }
   __syncthreads();
   const int count = sh.count;
-  unsigned long long* best = sh.cand;
   unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
-  if (count <= kRankByCount) {
-    // Few candidates: each one's rank is the number of better ones (keys are distinct, and all
-    // threads read the same candidate at once: a broadcast, no bank conflicts). No sort stages.
-    for (int c = tid; c < count; c += blockDim.x) {
-      const unsigned long long mine = sh.cand[c];
-      int rank = 0;
-      for (int j = 0; j < count; ++j) rank += sh.cand[j] < mine;
-      if (rank < kk) out[rank] = mine;
-    }
-    for (int r = kk + tid; r < k; r += blockDim.x) out[r] = ~0ull;
-    return;
-  }
   if (count <= kCandCap) {
-    const int p2 = next_pow2(count);
-    for (int i = count + tid; i < p2; i += blockDim.x) sh.cand[i] = ~0ull;
-    __syncthreads();
-    bitonic_sort(sh.cand, p2);
+    write_ranked(sh, count, kk, k, out);
   } else {
-    // Ties flooded the buffer: exact radix select of the K-th largest key over the chunk, then
-    // the keys above it (any order) and the first equal ones in index order, then a sort.
-    const uint32_t kth = radix_kth<Traits::kBits>(sh, hist, len, kk, [&](int i) { return Traits::key(xs[i]); });
-    const int take_equal = sh.remaining;
-    best = sh.cand + kBins / 2;  // after the histogram's 2048 words
-    if (tid == 0) { sh.n_greater = 0; sh.eq_taken = 0; }
-    __syncthreads();
-    constexpr int kItems = 4;
-    for (int base = 0; base < len; base += kTopkThreads * kItems) {
-      const int first = base + tid * kItems;
-      int n_eq = 0;
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int i = first + j;
-        if (i < len) {
-          const uint32_t key = Traits::key(xs[i]);
-          if (key > kth) best[atomicAdd(&sh.n_greater, 1)] = composite(key, start + i);
-          else if (key == kth) ++n_eq;
-        }
-      }
-      const int eq_taken = sh.eq_taken;
-      __syncthreads();
-      if (eq_taken < take_equal) {
-        int before, total;
-        cub::BlockScan<int, kTopkThreads>(sh.scan).ExclusiveSum(n_eq, before, total);
-        int pos = eq_taken + before;
-#pragma unroll
-        for (int j = 0; j < kItems; ++j) {
-          const int i = first + j;
-          if (i < len && Traits::key(xs[i]) == kth) {
-            if (pos < take_equal) best[(kk - take_equal) + pos] = composite(kth, start + i);
-            ++pos;
-          }
-        }
-        __syncthreads();
-        if (tid == 0) sh.eq_taken = eq_taken + total;
-      }
-      __syncthreads();
-    }
-    const int p2 = next_pow2(kk);
-    for (int i = kk + tid; i < p2; i += blockDim.x) best[i] = ~0ull;
-    __syncthreads();
-    bitonic_sort(best, p2);
+    exact_topk<Traits::kBits>(sh, len, kk, k, start, [&](int i) { return Traits::key(xs[i]); }, out);
   }
-  for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? best[r] : ~0ull;
 }
 
 // Each chunk's list is sorted and keys are distinct across chunks, so a candidate's final rank is
 // its position in its own list plus, for every other list, how many entries there are better
-// (a binary search). One pass, no sort stages.
+// (a binary search). One pass, no sort stages. `in` and `stats` are this row's; loads go through
+// L2 (__ldcg): in the fused kernel other CTAs wrote them during this launch. decode(c) is the
+// candidate's logit. All threads call it.
+template <typename Decode>
+__device__ void merge_row(const unsigned long long* in, const float2* stats, int splits, int k,
+                          unsigned long long* buf, float& lse_s, Decode decode, int64_t* out_ids, float* out_lp,
+                          float* out_lse) {
+  const int n = splits * k;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = __ldcg(in + i);
+  if (threadIdx.x == 0) {
+    float m = -INFINITY;
+    for (int j = 0; j < splits; ++j) m = fmaxf(m, __ldcg(&stats[j].x));
+    float total = 0.f;
+    if (m != -INFINITY) {
+      for (int j = 0; j < splits; ++j) {
+        const float2 st = __ldcg(stats + j);
+        if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
+      }
+    }
+    lse_s = (m == -INFINITY) ? m : m + logf(total);
+  }
+  __syncthreads();
+  const float lse = lse_s;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned long long c = buf[i];
+    if (c == ~0ull) continue;  // padding of a short chunk
+    const int list = i / k;
+    int rank = i - list * k;
+    for (int j = 0; j < splits && rank < k; ++j) {
+      if (j == list) continue;
+      const unsigned long long* other = buf + j * k;
+      int lo = 0, hi = k;  // entries of `other` better than c: first position with value > c
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (other[mid] < c) lo = mid + 1; else hi = mid;
+      }
+      rank += lo;
+    }
+    if (rank < k) {
+      out_ids[rank] = int64_t(c & 0xFFFFFFFFull);
+      out_lp[rank] = decode(c) - lse;
+    }
+  }
+  if (threadIdx.x == 0) *out_lse = lse;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned long long* __restrict__ ws_cand,
                                                                   const float2* __restrict__ ws_stats, int splits,
@@ -329,45 +392,10 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned
   extern __shared__ __align__(16) unsigned long long merge_buf[];
   __shared__ float lse_s;
   const int64_t row = blockIdx.x;
-  const int n = splits * k;
-  const unsigned long long* in = ws_cand + row * int64_t(n);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) merge_buf[i] = in[i];
-  if (threadIdx.x == 0) {
-    float m = -INFINITY;
-    for (int j = 0; j < splits; ++j) m = fmaxf(m, ws_stats[row * splits + j].x);
-    float total = 0.f;
-    if (m != -INFINITY) {
-      for (int j = 0; j < splits; ++j) {
-        const float2 st = ws_stats[row * splits + j];
-        if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
-      }
-    }
-    lse_s = (m == -INFINITY) ? m : m + logf(total);
-  }
-  __syncthreads();
-  const float lse = lse_s;
   const uint32_t mask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const unsigned long long c = merge_buf[i];
-    if (c == ~0ull) continue;  // padding of a short chunk
-    const int list = i / k;
-    int rank = i - list * k;
-    for (int j = 0; j < splits && rank < k; ++j) {
-      if (j == list) continue;
-      const unsigned long long* other = merge_buf + j * k;
-      int lo = 0, hi = k;  // entries of `other` better than c: first position with value > c
-      while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        if (other[mid] < c) lo = mid + 1; else hi = mid;
-      }
-      rank += lo;
-    }
-    if (rank < k) {
-      out_ids[row * k + rank] = int64_t(c & 0xFFFFFFFFull);
-      out_lp[row * k + rank] = Traits::value(~uint32_t(c >> 32) & mask) - lse;
-    }
-  }
-  if (threadIdx.x == 0) out_lse[row] = lse;
+  merge_row(ws_cand + row * int64_t(splits) * k, ws_stats + row * splits, splits, k, merge_buf, lse_s,
+            [&](unsigned long long c) { return Traits::value(~uint32_t(c >> 32) & mask); }, out_ids + row * k,
+            out_lp + row * k, out_lse + row);
 }
 
 struct TopkPlan {
@@ -565,6 +593,500 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
   if (lane == 0) num_nodes[b] = n;
 }
 
+// ------------------------------------------------------------------ fused draft step (K, B <= 256)
+//
+// One launch from logits to tree and mask. Every CTA takes one chunk of one row:
+//   * the chunk stays in registers (no shared-memory staging): 4 x 16-byte loads per thread, all
+//     in flight at once, then every pass below reads registers;
+//   * per-thread max and sum of exp relative to it (no barrier), combined per CTA once;
+//   * candidates >= tau, where tau is the smallest over warps of the warp's q-th largest
+//     per-thread maximum (q = ceil(K / warps)): warps x q distinct elements are >= tau, so at
+//     least K are. A warp finds its q-th largest with a shuffle sort, no barrier;
+//   * candidates are ranked as in topk_chunk_kernel (count, sort, or exact radix fallback).
+// The last CTA to finish a row (atomic counter) merges the row's chunk lists; the last row of a
+// request to finish builds its tree and mask. The counters return to zero when used, and the
+// launcher zeroes them first (a memset node in a graph).
+// Values compare as floats (keys from fp32, -0 folded into +0), so equal values tie by token id.
+
+constexpr int kDraftThreads = kTopkThreads;  // shares ChunkShared and the ranking helpers
+constexpr int kDraftWarps = kDraftThreads / 32;
+constexpr int kDraftVecs = 4;  // 16-byte vectors per thread: chunks up to 32 KB (6 spilled at 64 registers)
+constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t fkey(float v) {
+  const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0: equal values get equal keys
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Element j (a compile-time index after unrolling) of a 16-byte vector, as float.
+template <typename T>
+__device__ __forceinline__ float vec_elem(const uint4& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    const uint32_t w = j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+    return __uint_as_float(w);
+  } else {
+    const int q = j >> 1;
+    const uint32_t w = q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w;
+    const uint32_t h = (j & 1) ? (w >> 16) : (w & 0xFFFFu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(h << 16);  // exact
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
+// Elements [first, first + 16 / sizeof(T)) of x, those below len; the rest -inf, which adds
+// nothing to the max or the sum of exp (the candidate pass checks positions when tau is -inf).
+template <typename T>
+__device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr uint32_t kNegInf = sizeof(T) == 4 ? 0xFF800000u
+                               : std::is_same_v<T, __nv_bfloat16> ? 0xFF80FF80u : 0xFC00FC00u;
+  uint32_t w[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (first + j < len) {
+      if constexpr (sizeof(T) == 4) {
+        w[j] = reinterpret_cast<const uint32_t*>(x)[first + j];
+      } else {
+        const int shift = 16 * (j % 2);
+        const uint32_t bits = reinterpret_cast<const uint16_t*>(x)[first + j];
+        w[j / 2] = (w[j / 2] & ~(0xFFFFu << shift)) | (bits << shift);
+      }
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
+template <typename T>
+__device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
+                            unsigned long long* out, float2* stat) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  uint4 raw[kDraftVecs];
+#pragma unroll
+  for (int v = 0; v < kDraftVecs; ++v) {
+    const int first = (v * kDraftThreads + tid) * kVec;
+    if (aligned && first + kVec <= len) raw[v] = __ldcs(reinterpret_cast<const uint4*>(x + first));
+    else raw[v] = load_partial(x, first, len);
+  }
+  // Per-thread max, then the sum of exp relative to it (out-of-chunk elements count as -inf).
+  float tmax = -INFINITY;
+#pragma unroll
+  for (int v = 0; v < kDraftVecs; ++v) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) tmax = fmaxf(tmax, vec_elem<T>(raw[v], j));
+  }
+  float tsum = 0.f;
+  if (tmax != -INFINITY) {
+    const float shift = tmax * kLog2e;
+#pragma unroll
+    for (int v = 0; v < kDraftVecs; ++v) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
+    }
+  }
+  // The warp's per-thread maxima sorted descending (bitonic, shuffles only).
+  const int kk = min(k, len);
+  const int q = (kk + kDraftWarps - 1) / kDraftWarps;  // <= 16 for K <= 256
+  float sorted = tmax;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const float other = __shfl_xor_sync(kFull, sorted, stride);
+      const bool desc = (lane & size) == 0 || size == 32;
+      const bool lower = (lane & stride) == 0;
+      sorted = (lower == desc) ? fmaxf(sorted, other) : fminf(sorted, other);
+    }
+  }
+  const float wmax = __shfl_sync(kFull, sorted, 0);
+  const float wtau = __shfl_sync(kFull, sorted, q - 1);
+  float* wmax_s = sh.red;                                  // [kDraftWarps]
+  float* wtau_s = reinterpret_cast<float*>(sh.redk);       // [kDraftWarps]
+  float* wsum_s = reinterpret_cast<float*>(sh.tmax);       // [kDraftWarps]
+  if (lane == 0) { wmax_s[warp] = wmax; wtau_s[warp] = wtau; }
+  if (tid == 0) sh.count = 0;
+  __syncthreads();
+  float m = -INFINITY, tau = INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDraftWarps; ++w) { m = fmaxf(m, wmax_s[w]); tau = fminf(tau, wtau_s[w]); }
+  float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
+  if (lane == 0) wsum_s[warp] = part;
+  // Candidates: values >= tau. Only threads whose max reaches tau have any. (tau = -inf takes
+  // every element of the chunk: a tiny or -inf-filled one; then positions are checked.)
+  if (tmax >= tau) {
+#pragma unroll
+    for (int v = 0; v < kDraftVecs; ++v) {
+      const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float f = vec_elem<T>(raw[v], j);
+        if (f >= tau && (tau != -INFINITY || first + j < len)) {
+          const int slot = atomicAdd(&sh.count, 1);
+          if (slot < kCandCap) sh.cand[slot] = composite(fkey(f), start + first + j);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
+    *stat = make_float2(m, total);
+  }
+  const int count = sh.count;
+  if (count <= kCandCap) {
+    write_ranked(sh, count, kk, k, out);
+  } else {
+    exact_topk<32>(sh, len, kk, k, start, [&](int i) { return fkey(KeyTraits<T>::to_float(x[i])); }, out);
+  }
+}
+
+// ---- the tree build of the fused path: one warp, the frontier in registers.
+//
+// Frontier entries live in registers, F per lane (position p = lane + 32 j); at most B are ever
+// used (a pop adds at most one new position). Each entry holds its score's order key, its
+// packed (depth, rank, parent, previous sibling) and the scores its own sibling and first child
+// would get, computed when it was made, so a pop needs no shared-memory load on its path:
+// redux.sync max of the lanes' best keys, a ballot for the holder, shuffles of its fields.
+// Equal keys (exact score ties) go to a slower path that compares rank tuples.
+
+struct BuildSmem {
+  float* lp;     // [L * K] log-probs of the request
+  int* par;      // [B + 1]
+  int* fc;       // [B + 1]
+  int* ns;       // [B + 1]
+  int* dr;       // [B]: depth | rank << 8 of node i at i - 1
+  RankKey* key;  // [B + 1]: rank tuple of node i
+};
+
+__host__ __device__ inline size_t fast_build_smem(int depth_limit, int k, int budget) {
+  return align16(size_t(depth_limit) * k * 4) + 3 * align16(size_t(budget + 1) * 4) + align16(size_t(budget) * 4) +
+         align16(size_t(budget + 1) * sizeof(RankKey));
+}
+
+__device__ inline BuildSmem carve_build_smem(unsigned char* base, int depth_limit, int k, int budget) {
+  BuildSmem s;
+  size_t off = 0;
+  s.lp = reinterpret_cast<float*>(base + off); off += align16(size_t(depth_limit) * k * 4);
+  s.par = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
+  s.fc = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
+  s.ns = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
+  s.dr = reinterpret_cast<int*>(base + off); off += align16(size_t(budget) * 4);
+  s.key = reinterpret_cast<RankKey*>(base + off);
+  return s;
+}
+
+__device__ __forceinline__ uint32_t score_key(float s) { return fkey(s); }
+__device__ __forceinline__ int meta_depth(uint32_t m) { return int(m & 15u); }
+__device__ __forceinline__ int meta_rank(uint32_t m) { return int((m >> 4) & 511u); }
+__device__ __forceinline__ int meta_parent(uint32_t m) { return int((m >> 13) & 511u); }
+__device__ __forceinline__ int meta_prev(uint32_t m) { return int(m >> 22); }
+__device__ __forceinline__ uint32_t make_meta(int depth, int rank, int parent, int prev) {
+  return uint32_t(depth) | uint32_t(rank) << 4 | uint32_t(parent) << 13 | uint32_t(prev) << 22;
+}
+
+// The scores of the sibling and first child of the entry (score s, meta m): the reference's
+// arithmetic, in its order. Unused (0) where the entry has none.
+__device__ __forceinline__ void successor_scores(const float* lp, int L, int K, float s, uint32_t m, float& sib,
+                                                 float& child) {
+  const int d = meta_depth(m), r = meta_rank(m);
+  sib = r + 1 < K ? __fadd_rn(__fsub_rn(s, lp[(d - 1) * K + r]), lp[(d - 1) * K + r + 1]) : 0.f;
+  child = d < L ? __fadd_rn(s, lp[d * K]) : 0.f;
+}
+
+template <int F>
+struct Frontier {
+  uint32_t key[F], meta[F];
+  float sib[F], child[F];
+  // This lane's best entry (largest key; dup: another entry has the same key) and, for it, the
+  // successors of its own sibling and first child (so a pop computes nothing after the shuffles).
+  uint32_t bkey, bmeta;
+  int bj;
+  bool bdup;
+  float bsib, bchild, s_sib, s_child, c_sib, c_child;
+
+  __device__ __forceinline__ void pick(int j) {
+#pragma unroll
+    for (int i = 0; i < F; ++i) {
+      if (i == j) { bmeta = meta[i]; bsib = sib[i]; bchild = child[i]; }
+    }
+    bj = j;
+  }
+  __device__ __forceinline__ void refresh_best() {
+    bkey = key[0];
+    int j = 0;
+    bdup = false;
+#pragma unroll
+    for (int i = 1; i < F; ++i) {
+      if (key[i] > bkey) { bkey = key[i]; j = i; bdup = false; }
+      else if (key[i] == bkey && bkey != 0u) bdup = true;
+    }
+    pick(j);
+  }
+  __device__ __forceinline__ void precompute(const float* lp, int L, int K) {
+    const int d = meta_depth(bmeta), r = meta_rank(bmeta);
+    if (bkey == 0u) return;
+    if (r + 1 < K) successor_scores(lp, L, K, bsib, make_meta(d, r + 1, 0, 0), s_sib, s_child);
+    if (d < L) successor_scores(lp, L, K, bchild, make_meta(d + 1, 0, 0, 0), c_sib, c_child);
+  }
+};
+
+// Exact tie: several entries hold the largest key M. The winner is the one with the smallest rank
+// tuple (the parent's tuple extended by the entry's rank); returns its lane and, in that lane,
+// makes it the lane's best.
+template <int F>
+__device__ int resolve_tie(Frontier<F>& fr, uint32_t M, const BuildSmem& s, const float* lp, int L, int K) {
+  const int lane = threadIdx.x & 31;
+  __syncwarp();  // the tuples written by lane 0 are visible
+  RankKey best{{~0ull, ~0ull, ~0ull}};
+  int best_j = -1;
+#pragma unroll
+  for (int j = 0; j < F; ++j) {
+    if (fr.key[j] == M) {
+      const uint32_t m = fr.meta[j];
+      const RankKey t = rank_key_with(s.key[meta_parent(m)], meta_depth(m) - 1, meta_rank(m));
+      if (best_j < 0 || rank_key_less(t, best)) { best = t; best_j = j; }
+    }
+  }
+  int best_lane = lane;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    RankKey o;
+    o.w[0] = __shfl_xor_sync(kFull, best.w[0], off);
+    o.w[1] = __shfl_xor_sync(kFull, best.w[1], off);
+    o.w[2] = __shfl_xor_sync(kFull, best.w[2], off);
+    const int o_lane = __shfl_xor_sync(kFull, best_lane, off);
+    if (rank_key_less(o, best)) { best = o; best_lane = o_lane; }
+  }
+  if (lane == best_lane && best_j != fr.bj) {
+    fr.pick(best_j);
+    fr.precompute(lp, L, K);
+  }
+  return best_lane;
+}
+
+// Runs on one full warp; returns the node count. Node records go to s (lane 0 writes them).
+template <int F>
+__device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
+  const int lane = threadIdx.x & 31;
+  const float* lp = s.lp;
+  Frontier<F> fr;
+#pragma unroll
+  for (int j = 0; j < F; ++j) { fr.key[j] = 0u; fr.meta[j] = 0u; fr.sib[j] = 0.f; fr.child[j] = 0.f; }
+  fr.s_sib = fr.s_child = fr.c_sib = fr.c_child = 0.f;
+  if (lane == 0) {
+    fr.key[0] = score_key(lp[0]);
+    fr.meta[0] = make_meta(1, 0, 0, 0);
+    successor_scores(lp, L, K, lp[0], fr.meta[0], fr.sib[0], fr.child[0]);
+    s.key[0] = RankKey{{0, 0, 0}};
+  }
+  fr.refresh_best();
+  fr.precompute(lp, L, K);
+  int n = 0, top = 1;
+  // The popped node's tuple is stored one iteration late: its parent's tuple is loaded now and
+  // used next time round, so lane 0 never waits on that load inside a pop.
+  RankKey pending_parent{{0, 0, 0}};
+  int pending_node = 0, pending_level = 0, pending_rank = 0;
+  while (n < budget) {
+    if (lane == 0 && pending_node > 0)
+      s.key[pending_node] = rank_key_with(pending_parent, pending_level, pending_rank);
+    const uint32_t M = __reduce_max_sync(kFull, fr.bkey);
+    if (M == 0u) break;
+    const unsigned holders = __ballot_sync(kFull, fr.bkey == M);
+    const bool tie = (holders & (holders - 1)) != 0 || __any_sync(kFull, fr.bdup && fr.bkey == M);
+    const int w = tie ? resolve_tie(fr, M, s, lp, L, K) : __ffs(holders) - 1;
+    const uint32_t meta = __shfl_sync(kFull, fr.bmeta, w);
+    const float p_sib = __shfl_sync(kFull, fr.bsib, w), p_child = __shfl_sync(kFull, fr.bchild, w);
+    const float ss = __shfl_sync(kFull, fr.s_sib, w), sc = __shfl_sync(kFull, fr.s_child, w);
+    const float cs = __shfl_sync(kFull, fr.c_sib, w), cc = __shfl_sync(kFull, fr.c_child, w);
+    const int wj = __shfl_sync(kFull, fr.bj, w);
+    const int node = ++n;
+    const int d = meta_depth(meta), r = meta_rank(meta), parent = meta_parent(meta);
+    if (lane == 0) {
+      s.par[node] = parent;
+      s.dr[node - 1] = d | (r << 8);
+      if (r == 0) s.fc[parent] = node; else s.ns[meta_prev(meta)] = node;
+      pending_parent = s.key[parent];
+    }
+    pending_node = node; pending_level = d - 1; pending_rank = r;
+    if (n == budget) break;
+    const bool has_sib = r + 1 < K, has_child = d < L;
+    // The sibling takes the popped position; the child takes it when there is no sibling, else
+    // the next unused position.
+    const uint32_t sib_key = score_key(p_sib), sib_meta = make_meta(d, r + 1, parent, node);
+    const uint32_t child_key = score_key(p_child), child_meta = make_meta(d + 1, 0, node, 0);
+    const bool append = has_sib && has_child;
+    const int a_lane = top & 31, a_j = top >> 5;
+    top += append;
+    bool changed = false;
+#pragma unroll
+    for (int j = 0; j < F; ++j) {
+      if (lane == w && j == wj) {
+        changed = true;
+        if (has_sib) { fr.key[j] = sib_key; fr.meta[j] = sib_meta; fr.sib[j] = ss; fr.child[j] = sc; }
+        else if (has_child) { fr.key[j] = child_key; fr.meta[j] = child_meta; fr.sib[j] = cs; fr.child[j] = cc; }
+        else fr.key[j] = 0u;
+      }
+      if (append && lane == a_lane && j == a_j) {
+        changed = true;
+        fr.key[j] = child_key; fr.meta[j] = child_meta; fr.sib[j] = cs; fr.child[j] = cc;
+      }
+    }
+    if (changed) {
+      fr.refresh_best();
+      fr.precompute(lp, L, K);
+    }
+  }
+  if (lane == 0 && pending_node > 0) s.key[pending_node] = rank_key_with(pending_parent, pending_level, pending_rank);
+  __syncwarp();
+  return n;
+}
+
+// Node records -> the output tensors of request b; all threads of the CTA call it.
+__device__ void write_tree(const BuildSmem& s, int n, int b, int L, int K, int budget, const int64_t* ids,
+                           int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
+                           int32_t* first_child, int32_t* next_sibling) {
+  const int64_t* id = ids + int64_t(b) * L * K;
+  int64_t* tok = tokens + int64_t(b) * budget;
+  int32_t* dep = depths + int64_t(b) * budget;
+  int32_t* rk = ranks + int64_t(b) * budget;
+  for (int i = threadIdx.x; i < budget; i += blockDim.x) {
+    if (i < n) {
+      const int dr = s.dr[i], d = dr & 255, r = dr >> 8;
+      tok[i] = __ldcg(id + (d - 1) * K + r);
+      dep[i] = d;
+      rk[i] = r;
+    } else {
+      tok[i] = -1; dep[i] = 0; rk[i] = -1;
+    }
+  }
+  for (int i = threadIdx.x; i <= budget; i += blockDim.x) {
+    parents[int64_t(b) * (budget + 1) + i] = s.par[i];
+    first_child[int64_t(b) * (budget + 1) + i] = s.fc[i];
+    next_sibling[int64_t(b) * (budget + 1) + i] = s.ns[i];
+  }
+  if (threadIdx.x == 0) num_nodes[b] = n;
+}
+
+// Visibility of request b: packed words into `packed` (shared, [B+1][W]) and both outputs.
+__device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, int budget, bool* vis,
+                           uint32_t* vis_packed) {
+  const int side = budget + 1, words = (side + 31) / 32;
+  for (int t = threadIdx.x; t < side * words; t += blockDim.x) {
+    const int row = t / words, word = t % words;
+    uint32_t bits = 0;
+    if (row <= n) {
+      for (int a = row; a >= 0; a = s.par[a]) {
+        if (a / 32 == word) bits |= 1u << (a % 32);
+      }
+    }
+    packed[t] = bits;
+    vis_packed[int64_t(b) * side * words + t] = bits;
+  }
+  __syncthreads();
+  bool* out = vis + int64_t(b) * side * side;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  for (int row = warp; row < side; row += nwarps) {
+    for (int c = lane; c < side; c += 32) out[int64_t(row) * side + c] = (packed[row * words + c / 32] >> (c % 32)) & 1u;
+  }
+}
+
+template <typename T, int F>
+__global__ void __launch_bounds__(kDraftThreads, 2)
+    draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
+                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats,
+                 unsigned* __restrict__ row_done, unsigned* __restrict__ req_done, int64_t* __restrict__ out_ids,
+                 float* __restrict__ out_lp, float* __restrict__ out_lse, int32_t* __restrict__ num_nodes,
+                 int64_t* __restrict__ tokens, int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
+                 int32_t* __restrict__ parents, int32_t* __restrict__ first_child,
+                 int32_t* __restrict__ next_sibling, bool* __restrict__ vis, uint32_t* __restrict__ vis_packed) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
+  unsigned char* extra = smem_raw + align16(sizeof(ChunkShared));
+  const int64_t row = blockIdx.y;
+  const int split = blockIdx.x;
+  const int64_t start = int64_t(split) * chunk;
+  const int len = int(min(int64_t(chunk), vocab - start));
+  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
+  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
+                 ws_stats + row * splits + split);
+  // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
+    if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
+    sh.last = last;
+  }
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
+            sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
+            out_ids + row * k, out_lp + row * k, out_lse + row);
+  if (budget == 0) return;  // top-K only
+  const int b = int(row / L);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(req_done + b, 1u) == unsigned(L - 1);
+    if (last) req_done[b] = 0u;
+    sh.last = last;
+  }
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  // Last row of request b: the tree and its mask.
+  const BuildSmem s = carve_build_smem(extra, L, k, budget);
+  const float* lp_g = out_lp + int64_t(b) * L * k;
+  for (int i = threadIdx.x; i < L * k; i += blockDim.x) s.lp[i] = __ldcg(lp_g + i);
+  for (int i = threadIdx.x; i <= budget; i += blockDim.x) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int n = fast_build<F>(s, L, k, budget);
+    if (threadIdx.x == 0) sh.count = n;
+  }
+  __syncthreads();
+  const int n = sh.count;
+  write_tree(s, n, b, L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+  if (vis != nullptr) {
+    uint32_t* packed = reinterpret_cast<uint32_t*>(extra + fast_build_smem(L, k, budget));
+    write_mask(s, packed, n, b, budget, vis, vis_packed);
+  }
+}
+
+// The build alone on the fast path (build_tree op): one warp per request.
+template <int F>
+__global__ void __launch_bounds__(32) fast_build_kernel(const int64_t* __restrict__ ids,
+                                                        const float* __restrict__ logprobs, int L, int k, int budget,
+                                                        int32_t* __restrict__ num_nodes, int64_t* __restrict__ tokens,
+                                                        int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
+                                                        int32_t* __restrict__ parents,
+                                                        int32_t* __restrict__ first_child,
+                                                        int32_t* __restrict__ next_sibling) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int b = blockIdx.x;
+  const BuildSmem s = carve_build_smem(smem_raw, L, k, budget);
+  const float* lp_g = logprobs + int64_t(b) * L * k;
+  for (int i = threadIdx.x; i < L * k; i += 32) s.lp[i] = lp_g[i];
+  for (int i = threadIdx.x; i <= budget; i += 32) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
+  __syncwarp();
+  const int n = fast_build<F>(s, L, k, budget);
+  write_tree(s, n, b, L, k, budget, ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+}
+
 // ------------------------------------------------------------------ visibility mask
 // One thread per (request, row, 32-column word): walk the row's ancestor chain (<= 16 steps).
 __global__ void build_mask_kernel(const int32_t* __restrict__ parents, const int32_t* __restrict__ num_nodes,
@@ -644,9 +1166,94 @@ __global__ void compact_kv_kernel(Word* __restrict__ cache, int64_t row_words, c
   }
 }
 
+
+// ---- fused path launchers
+
+inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
+  const int64_t cap = int64_t(kDraftThreads) * kDraftVecs * 16 / elem_bytes;  // a multiple of 16
+  const int64_t min_splits = (vocab + cap - 1) / cap;
+  int64_t splits = 2 * int64_t(sms) / rows;  // small batches: about two CTAs per SM
+  const int64_t max_splits = 4096 / k;       // the merge stages splits * k entries (<= 32 KB)
+  if (splits > max_splits) splits = max_splits;
+  if (splits < min_splits) splits = min_splits;
+  int64_t chunk = (vocab + splits - 1) / splits;
+  chunk = (chunk + 15) / 16 * 16;  // 16-byte aligned chunk starts
+  if (chunk < k) chunk = k;
+  splits = (vocab + chunk - 1) / chunk;
+  return TopkPlan{int(splits), int(chunk)};
+}
+
+struct DraftLayout {
+  TopkPlan plan;
+  int64_t cand_bytes, stats_bytes, counter_bytes;
+  size_t smem;
+};
+
+inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t vocab, int k, int budget) {
+  DraftLayout d;
+  const int64_t rows = bs * L;
+  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count());
+  d.cand_bytes = rows * d.plan.splits * int64_t(k) * 8;
+  d.stats_bytes = rows * d.plan.splits * 8;
+  d.counter_bytes = (rows + bs) * 4;
+  const size_t merge = size_t(d.plan.splits) * k * 8;
+  const int side = budget + 1, words = (side + 31) / 32;
+  const size_t build = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
+  d.smem = align16(sizeof(ChunkShared)) + (merge > build ? merge : build);
+  return d;
+}
+
+template <typename T, int F>
+int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int budget, int64_t* ids, float* lp,
+                 float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
+                 int32_t* first_child, int32_t* next_sibling, bool* vis, uint32_t* vis_packed, void* workspace,
+                 cudaStream_t stream) {
+  const DraftLayout d = draft_layout(sizeof(T), bs, L, vocab, k, budget);
+  auto* bytes = static_cast<unsigned char*>(workspace);
+  auto* ws_cand = reinterpret_cast<unsigned long long*>(bytes);
+  auto* ws_stats = reinterpret_cast<float2*>(bytes + d.cand_bytes);
+  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes);
+  cudaError_t err = allow_smem_once<draft_kernel<T, F>>();
+  if (err != cudaSuccess) return err;
+  err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
+  if (err != cudaSuccess) return err;
+  const int64_t rows = int64_t(bs) * L;
+  draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
+      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, counters,
+      counters + rows, ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis,
+      vis_packed);
+  return cudaGetLastError();
+}
+
+// Frontier entries per lane: the smallest of 1, 2, 4, 8 with 32 F >= budget.
+template <typename Fn>
+int with_frontier(int budget, Fn fn) {
+  if (budget <= 32) return fn(std::integral_constant<int, 1>{});
+  if (budget <= 64) return fn(std::integral_constant<int, 2>{});
+  if (budget <= 128) return fn(std::integral_constant<int, 4>{});
+  return fn(std::integral_constant<int, 8>{});
+}
+
+template <typename Fn>
+int with_dtype(DType dtype, Fn fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(float{});
+    case DType::kFloat16: return fn(__half{});
+    case DType::kBFloat16: return fn(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
 }  // namespace
 
+bool draft_fast_path(int k, int budget) { return k <= kFastMaxK && budget <= kFastMaxBudget; }
+
+int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
+  const DraftLayout d = draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget);
+  return d.cand_bytes + d.stats_bytes + d.counter_bytes;
+}
+
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
+  if (draft_fast_path(k, 0)) return draft_workspace_bytes(dtype, rows, 1, vocab, k, 0);
   const int elem = dtype == DType::kFloat32 ? 4 : 2;
   const TopkPlan plan = topk_plan(rows, vocab, k, elem, sm_count());
   return rows * plan.splits * (int64_t(k) * 8 + 8);
@@ -656,27 +1263,54 @@ int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, 
                   float* logprobs, float* lse, void* workspace, void* stream) {
   if (rows == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DType::kFloat32: return launch_topk<float>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
-    case DType::kFloat16: return launch_topk<__half>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
-    case DType::kBFloat16:
-      return launch_topk<__nv_bfloat16>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
-  }
-  return cudaErrorInvalidValue;
+  return with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if (draft_fast_path(k, 0)) {  // the fused kernel without its build: one launch, merge included
+      return launch_draft<T, 1>(logits, int(rows), 1, vocab, k, 0, ids, logprobs, lse, nullptr, nullptr, nullptr,
+                                nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, workspace, s);
+    }
+    return launch_topk<T>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
+  });
+}
+
+int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, int64_t vocab, int k, int budget,
+                    int64_t* ids, float* logprobs, float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths,
+                    int32_t* ranks, int32_t* parents, int32_t* first_child, int32_t* next_sibling, bool* vis,
+                    uint32_t* vis_packed, void* workspace, void* stream) {
+  if (bs == 0) return cudaSuccess;
+  if (!draft_fast_path(k, budget) || budget < 1) return cudaErrorInvalidValue;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  return with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return with_frontier(budget, [&](auto f) {
+      return launch_draft<T, decltype(f)::value>(logits, bs, depth_limit, vocab, k, budget, ids, logprobs, lse,
+                                                 num_nodes, tokens, depths, ranks, parents, first_child,
+                                                 next_sibling, vis, vis_packed, workspace, s);
+    });
+  });
 }
 
 int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream) {
   if (bs == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (draft_fast_path(k, budget)) {
+    return with_frontier(budget, [&](auto f) {
+      constexpr int F = decltype(f)::value;
+      cudaError_t err = allow_smem_once<fast_build_kernel<F>>();
+      if (err != cudaSuccess) return int(err);
+      fast_build_kernel<F><<<bs, 32, fast_build_smem(depth_limit, k, budget), s>>>(
+          ids, logprobs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+      return int(cudaGetLastError());
+    });
+  }
   const size_t per_warp = heap_smem_per_warp(depth_limit, k, budget);
   const int warps = per_warp * kBuildWarps <= 100 * 1024 ? kBuildWarps : 1;
   cudaError_t err = allow_smem_once<build_tree_kernel>();
   if (err != cudaSuccess) return err;
-  build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, size_t(warps) * per_warp,
-                      static_cast<cudaStream_t>(stream)>>>(ids, logprobs, bs, depth_limit, k, budget, num_nodes,
-                                                           tokens, depths, ranks, parents, first_child,
-                                                           next_sibling);
+  build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, size_t(warps) * per_warp, s>>>(
+      ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
   return cudaGetLastError();
 }
 
