@@ -268,7 +268,9 @@ def push(pattern: str = typer.Argument(..., help="Host pattern."),
     def row(v: dict[str, Any]) -> list[str]:
         if "files" not in v:  # the host's own refusal (lock, verify) without a plan
             return [v.get("error", "failed"), "", "", ""]
-        notes = v["notes"] + ([f"undid interrupted run {v['recovered']['txid']}"] if v.get("recovered") else [])
+        rec = v.get("recovered")
+        notes = v["notes"] + ([f"{'undid' if rec['undone'] else 'finished'} interrupted run {rec['txid']}"]
+                              if rec else [])
         return [v["release"] or "already current", _file_list(v["files"]),
                 output.human_bytes(v["content_bytes"]), "; ".join(notes) or "-"]
 

@@ -308,3 +308,28 @@ def test_patchset_init_from_hand_edited_files_then_push(lab, inventory, tmp_path
         assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout.endswith(b"# seed edit\n")
         assert cli(lab, "rollback", "ct133").returncode == 0
         assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout == original
+
+        # A rollback killed after committing rollback.json but before updating the release
+        # records: files restored, journal still there, the record still "active". Rebuild
+        # exactly that state; the next run's recovery must finish the records, not roll back again.
+        listing = json.loads(cli(lab, "releases", "ct133", "--json").stdout)["hosts"]["ct133"]["value"]
+        (release,) = listing["releases"]
+        assert release["status"] == "rolled_back" and listing["current"] is None
+        rb_id = release["rolled_back_by"]
+        rewind = (
+            "import json, sys\n"
+            "state, rel, rb = sys.argv[1:]\n"
+            "path = f'{state}/releases/{rel}/release.json'\n"
+            "record = json.load(open(path))\n"
+            "for key in ('rolled_back_by', 'rolled_back_at'): record.pop(key)\n"
+            "record['status'] = 'active'\n"
+            "json.dump(record, open(path, 'w'))\n"
+            "open(f'{state}/current', 'w').write(rel + '\\n')\n"
+            "json.dump({'txid': rb, 'dir': f'{state}/rollbacks/{rb}', 'ops': []}, open(f'{state}/journal.json', 'w'))\n")
+        assert conn.run(f"python3 -c {shlex.quote(rewind)} {STATE} {release['id']} {rb_id}").ok
+        proc = cli(lab, "rollback", "ct133")
+        assert proc.returncode == 1 and "nothing to roll back" in proc.stdout, proc.stdout + proc.stderr
+        listing = json.loads(cli(lab, "releases", "ct133", "--json").stdout)["hosts"]["ct133"]["value"]
+        assert [(r["status"], r["rolled_back_by"]) for r in listing["releases"]] == [("rolled_back", rb_id)]
+        assert listing["current"] is None and listing["interrupted"] is None
+        assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout == original

@@ -352,6 +352,19 @@ def undo_ops(ops):
         fsync_dir(os.path.dirname(op["target"]))
 
 
+def mark_rolled_back(host, rollback):
+    """Records of the releases a committed rollback undid say so, and `current` names the newest
+    release still active. Idempotent: recovery runs it again after a kill."""
+    undid = set(rollback["undid"])
+    for record in host.releases():
+        if record["id"] in undid and record.get("status") == "active":
+            path = os.path.join(record.pop("dir"), "release.json")
+            record.update(status="rolled_back", rolled_back_by=rollback["id"], rolled_back_at=rollback["time"])
+            write_json_atomic(path, record)
+    active = [r["id"] for r in host.releases() if r.get("status") == "active"]
+    host.set_current(active[-1] if active else None)
+
+
 def recover(host):
     """Finish what an interrupted run left: a journal whose release was committed is just
     removed; otherwise every file it lists is put back to its old bytes."""
@@ -364,6 +377,11 @@ def recover(host):
     if not committed:
         undo_ops(journal["ops"])
         log("undid interrupted run %s (%d files restored)" % (journal["txid"], len(journal["ops"])))
+    elif "undid" in record:
+        # A rollback commits rollback.json before it updates the release records: a run killed
+        # in between left the files restored but the records still saying active.
+        mark_rolled_back(host, record)
+        log("finished the records of interrupted rollback %s" % journal["txid"])
     os.unlink(os.path.join(host.state, "journal.json"))
     fsync_dir(host.state)
     return {"txid": journal["txid"], "undone": not committed, "files": [op["key"] for op in journal["ops"]]}
@@ -580,14 +598,10 @@ def cmd_rollback(host, args):
             tx.undo()
             raise
         new_current = next((r["id"] for r in reversed(active) if r not in undo), None)
-        write_json_atomic(os.path.join(rb_dir, "rollback.json"),
-                          {"id": rb_id, "time": time.time(), "committed": True, "undid": [r["id"] for r in undo],
-                           "controller": args["holder"], "drifted_kept": drifted})
-        for record in undo:
-            path = os.path.join(record.pop("dir"), "release.json")
-            record.update(status="rolled_back", rolled_back_by=rb_id, rolled_back_at=time.time())
-            write_json_atomic(path, record)
-        host.set_current(new_current)
+        rollback = {"id": rb_id, "time": time.time(), "committed": True, "undid": [r["id"] for r in undo],
+                    "controller": args["holder"], "drifted_kept": drifted}
+        write_json_atomic(os.path.join(rb_dir, "rollback.json"), rollback)
+        mark_rolled_back(host, rollback)
         tx.finish()
     return {"rolled_back": [r["id"] for r in undo], "current": new_current, "recovered": recovered,
             "files": [key for key, _ in changes], "drifted_kept": drifted}
