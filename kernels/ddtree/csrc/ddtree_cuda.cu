@@ -811,11 +811,14 @@ struct Frontier {
   uint32_t key[F], meta[F];
   float sib[F], child[F];
   // This lane's best entry (largest key; dup: another entry has the same key) and, for it, the
-  // successors of its own sibling and first child (so a pop computes nothing after the shuffles).
+  // successors of its own sibling (s_) and first child (c_), so that after a pop the new entries
+  // are complete without a load. Their log-probs are loaded when the best changes (l_*) and
+  // combined only after the next pop's vote, so the loads' latency hides behind it.
   uint32_t bkey, bmeta;
   int bj;
   bool bdup;
   float bsib, bchild, s_sib, s_child, c_sib, c_child;
+  float l_r1, l_r2, l_d0, l_d1, l_e0;
 
   __device__ __forceinline__ void pick(int j) {
 #pragma unroll
@@ -835,11 +838,23 @@ struct Frontier {
     }
     pick(j);
   }
-  __device__ __forceinline__ void precompute(const float* lp, int L, int K) {
-    const int d = meta_depth(bmeta), r = meta_rank(bmeta);
+  __device__ __forceinline__ void load_successors(const float* lp, int L, int K) {
     if (bkey == 0u) return;
-    if (r + 1 < K) successor_scores(lp, L, K, bsib, make_meta(d, r + 1, 0, 0), s_sib, s_child);
-    if (d < L) successor_scores(lp, L, K, bchild, make_meta(d + 1, 0, 0, 0), c_sib, c_child);
+    const int d = meta_depth(bmeta), r = meta_rank(bmeta);
+    l_r1 = r + 1 < K ? lp[(d - 1) * K + r + 1] : 0.f;
+    l_r2 = r + 2 < K ? lp[(d - 1) * K + r + 2] : 0.f;
+    l_d0 = d < L ? lp[d * K] : 0.f;
+    l_d1 = d < L && K > 1 ? lp[d * K + 1] : 0.f;
+    l_e0 = d + 1 < L ? lp[(d + 1) * K] : 0.f;
+  }
+  // successor_scores of the sibling (depth d, rank r + 1, score bsib) and of the first child
+  // (depth d + 1, rank 0, score bchild), from the loaded log-probs.
+  __device__ __forceinline__ void finish_successors(int L, int K) {
+    const int d = meta_depth(bmeta), r = meta_rank(bmeta);
+    s_sib = r + 2 < K ? __fadd_rn(__fsub_rn(bsib, l_r1), l_r2) : 0.f;
+    s_child = d < L ? __fadd_rn(bsib, l_d0) : 0.f;
+    c_sib = K > 1 ? __fadd_rn(__fsub_rn(bchild, l_d0), l_d1) : 0.f;
+    c_child = d + 1 < L ? __fadd_rn(bchild, l_e0) : 0.f;
   }
 };
 
@@ -872,7 +887,7 @@ __device__ int resolve_tie(Frontier<F>& fr, uint32_t M, const BuildSmem& s, cons
   }
   if (lane == best_lane && best_j != fr.bj) {
     fr.pick(best_j);
-    fr.precompute(lp, L, K);
+    fr.load_successors(lp, L, K);
   }
   return best_lane;
 }
@@ -885,7 +900,7 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
   Frontier<F> fr;
 #pragma unroll
   for (int j = 0; j < F; ++j) { fr.key[j] = 0u; fr.meta[j] = 0u; fr.sib[j] = 0.f; fr.child[j] = 0.f; }
-  fr.s_sib = fr.s_child = fr.c_sib = fr.c_child = 0.f;
+  fr.l_r1 = fr.l_r2 = fr.l_d0 = fr.l_d1 = fr.l_e0 = 0.f;
   if (lane == 0) {
     fr.key[0] = score_key(lp[0]);
     fr.meta[0] = make_meta(1, 0, 0, 0);
@@ -893,7 +908,7 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
     s.key[0] = RankKey{{0, 0, 0}};
   }
   fr.refresh_best();
-  fr.precompute(lp, L, K);
+  fr.load_successors(lp, L, K);
   int n = 0, top = 1;
   // The popped node's tuple is stored one iteration late: its parent's tuple is loaded now and
   // used next time round, so lane 0 never waits on that load inside a pop.
@@ -907,6 +922,7 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
     const unsigned holders = __ballot_sync(kFull, fr.bkey == M);
     const bool tie = (holders & (holders - 1)) != 0 || __any_sync(kFull, fr.bdup && fr.bkey == M);
     const int w = tie ? resolve_tie(fr, M, s, lp, L, K) : __ffs(holders) - 1;
+    fr.finish_successors(L, K);
     const uint32_t meta = __shfl_sync(kFull, fr.bmeta, w);
     const float p_sib = __shfl_sync(kFull, fr.bsib, w), p_child = __shfl_sync(kFull, fr.bchild, w);
     const float ss = __shfl_sync(kFull, fr.s_sib, w), sc = __shfl_sync(kFull, fr.s_child, w);
@@ -946,7 +962,7 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
     }
     if (changed) {
       fr.refresh_best();
-      fr.precompute(lp, L, K);
+      fr.load_successors(lp, L, K);
     }
   }
   if (lane == 0 && pending_node > 0) s.key[pending_node] = rank_key_with(pending_parent, pending_level, pending_rank);
