@@ -5,7 +5,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 DDTREE_EXT_DIR=build/ddtree PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py \
+# PYTEST_K narrows the tests (e.g. "cuda or fused": the CPU ones already ran off the device).
+python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py ${PYTEST_K:+-k "$PYTEST_K"} \
   > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|Error|error" "$OUT/pytest.log" | tail -12
 python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
