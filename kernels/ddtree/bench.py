@@ -127,6 +127,9 @@ def main() -> None:
             # (c) as CUDA-graph replays (how a serving loop runs it): GPU time without host overhead.
             static_in = buffers[0].clone()
             c_graph = graph_us(lambda: ops.draft_tree(ext, static_in, budget), args.iters)
+            # Both implementations of (c), whichever "auto" picks: the figures behind the dispatch.
+            by_path = {path: graph_us(lambda: ops.draft_tree(ext, static_in, budget, path=path), args.iters)
+                       for path in ("fused", "composed")}
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 graph_out = ops.draft_tree(ext, static_in, budget)
@@ -152,7 +155,8 @@ def main() -> None:
                           for i in range(bs))
             full = sum(same_tree(got, i, reference.build_from_logits(x[i], budget)) for i in range(bs))
             graph_ok = torch.equal(graph_out.tokens.cpu(), ops.draft_tree(ext, static_in, budget).tokens.cpu())
-            row = {"bs": bs, "B": budget, "a_us": a, "b_us": b_us, "c_us": c, "c_graph_us": c_graph, "d_us": d,
+            row = {"bs": bs, "B": budget, "a_us": a, "b_us": b_us, "c_us": c, "c_graph_us": c_graph,
+                   "c_graph_fused_us": by_path["fused"], "c_graph_composed_us": by_path["composed"], "d_us": d,
                    "floor_us": floor, "speedup_d_over_c": d / c, "identical_same_lp": f"{same_lp}/{bs}",
                    "identical_full_ref": f"{full}/{bs}", "graph_replay_matches": graph_ok}
             rows.append(row)
@@ -160,10 +164,11 @@ def main() -> None:
         buffers.clear()  # free this batch size's inputs before the next one's
         torch.cuda.empty_cache()
 
-    print(f"\n{'bs':>3} {'B':>4} {'(a) us':>8} {'(b) us':>8} {'(c) us':>8} {'(c) graph':>9} {'(d) us':>10} "
-          f"{'d/c':>7} {'floor us':>8}  identical (same lp / full ref)")
+    print(f"\n{'bs':>3} {'B':>4} {'(a) us':>8} {'(b) us':>8} {'(c) us':>8} {'(c) graph':>9} {'fused':>7} "
+          f"{'composed':>8} {'(d) us':>10} {'d/c':>7} {'floor us':>8}  identical (same lp / full ref)")
     for r in rows:
         print(f"{r['bs']:>3} {r['B']:>4} {r['a_us']:>8.1f} {r['b_us']:>8.1f} {r['c_us']:>8.1f} {r['c_graph_us']:>9.1f} "
+              f"{r['c_graph_fused_us']:>7.1f} {r['c_graph_composed_us']:>8.1f} "
               f"{r['d_us']:>10.0f} {r['speedup_d_over_c']:>6.0f}x {r['floor_us']:>8.1f}  "
               f"{r['identical_same_lp']} / {r['identical_full_ref']}")
     if args.json:

@@ -20,11 +20,15 @@ class TreeBatch:
     vis_packed: torch.Tensor | None = None  # [bs, B+1, ceil((B+1)/32)] int32 bit-packed
 
 
-def draft_tree(ext, logits: torch.Tensor, budget: int, topk_cap: int | None = None, mask: bool = True) -> TreeBatch:
-    """Draft logits [bs, L, V] -> the DDTree of each request (top-K + logsumexp, build, mask)."""
+def draft_tree(ext, logits: torch.Tensor, budget: int, topk_cap: int | None = None, mask: bool = True,
+               path: str = "auto") -> TreeBatch:
+    """Draft logits [bs, L, V] -> the DDTree of each request (top-K + logsumexp, build, mask).
+
+    path: "auto" takes whichever measured faster for the shape; "fused" (CUDA, K and B <= 256)
+    or "composed" force one."""
     k = min(budget, logits.shape[-1], topk_cap or budget)
     # One extension call: on CUDA (K, B <= 256) a single kernel launch does all three steps.
-    out = ext.draft_tree(logits, budget, k, mask)
+    out = ext.draft_tree(logits, budget, k, mask, path)
     tree = TreeBatch(*out[3:10])
     if mask:
         tree.vis, tree.vis_packed = out[10], out[11]

@@ -21,7 +21,7 @@ def main() -> None:
             t_topk = graph_us(lambda: ext.topk_lse(x, k), 100)
             t_build = graph_us(lambda: ext.build_tree(ids, lp, k), 100)
             t_mask = graph_us(lambda: ext.build_mask(tree[4], tree[0]), 100)
-            t_fused = graph_us(lambda: ext.draft_tree(x, k, k, True), 100)
+            t_fused = graph_us(lambda: ext.draft_tree(x, k, k, True, "fused"), 100)
             print(f"bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
                   f"build {t_build:7.1f}  mask {t_mask:6.1f}  fused draft_tree {t_fused:7.1f} us", flush=True)
 

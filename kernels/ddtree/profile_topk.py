@@ -1,7 +1,10 @@
-"""One warm top-K call at a given batch, for Nsight Compute on the device:
+"""Warm calls of one op at a given batch, for Nsight Compute on the device:
 
-    ncu --clock-control none -k regex:topk_chunk -c 1 --section SpeedOfLight ... \
+    ncu --clock-control none -k regex:topk_chunk --launch-skip 2 -c 1 --section SpeedOfLight ... \
         python3 -m kernels.ddtree.profile_topk --bs 32
+    ncu ... -k regex:draft_kernel ... python3 -m kernels.ddtree.profile_topk --op draft --bs 1
+
+--op topk: ext.topk_lse; draft: ext.draft_tree on the fused path; build: ext.build_tree.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bs", type=int, default=32)
     parser.add_argument("--k", type=int, default=64)
+    parser.add_argument("--op", choices=["topk", "draft", "build"], default="topk")
     args = parser.parse_args()
     ext = load()
     x = (torch.randn(args.bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
+    ids, lp, _ = ext.topk_lse(x, args.k)
+    call = {"topk": lambda: ext.topk_lse(x, args.k),
+            "draft": lambda: ext.draft_tree(x, args.k, args.k, True, "fused"),
+            "build": lambda: ext.build_tree(ids, lp, args.k)}[args.op]
     for _ in range(3):  # warm-up launches are profiled too unless -c / --launch-skip say otherwise
-        ext.topk_lse(x, args.k)
+        call()
     torch.cuda.synchronize()
 
 

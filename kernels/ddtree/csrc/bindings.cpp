@@ -162,7 +162,10 @@ std::vector<at::Tensor> verify(const at::Tensor& posterior, const at::Tensor& to
 
 // logits -> top-K, tree and (with_mask) mask in one call. On CUDA inside the fused path
 // (K <= 256, B <= 256) that is one kernel launch; elsewhere the three ops run in turn.
-std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int64_t k, bool with_mask) {
+// path: "auto" (the faster one for the shape, as measured), "fused" (CUDA, K and B <= 256) or
+// "composed".
+std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int64_t k, bool with_mask,
+                                   const std::string& path) {
   DDTREE_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
   DDTREE_NO_CUDA(logits);
   const int64_t bs = logits.size(0), depth = logits.size(1), vocab = logits.size(2);
@@ -170,8 +173,12 @@ std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int
   DDTREE_CHECK(depth >= 1 && depth <= ddtree::kMaxDepth, "depth L must be in [1, 15], got " + to_string(depth));
   DDTREE_CHECK(budget >= 1 && budget <= ddtree::kMaxBudget, "budget must be in [1, 1024], got " + to_string(budget));
   DDTREE_CHECK(vocab < (int64_t(1) << 32), "vocab too large");
+  DDTREE_CHECK(path == "auto" || path == "fused" || path == "composed",
+               "path must be auto, fused or composed, got " + path);
+  const bool fused_ok = logits.is_cuda() && ddtree::draft_fast_path(int(k), int(budget));
+  DDTREE_CHECK(path != "fused" || fused_ok, "the fused path needs a CUDA tensor, K <= 256 and B <= 256");
 #ifdef WITH_CUDA
-  if (logits.is_cuda() && ddtree::draft_fast_path(int(k), int(budget))) {
+  if (path == "fused" || (path == "auto" && fused_ok && ddtree::draft_fused_pays(bs * depth, int(k), int(budget)))) {
     auto x = logits.contiguous();
     ddtree::DType dt;
     if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
@@ -255,7 +262,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("build_mask", &build_mask, "parents [bs,B+1], num_nodes -> vis bool [bs,B+1,B+1], vis_packed [bs,B+1,W]");
   m.def("verify", &verify, "posterior, tokens, parents, num_nodes, max_accept -> accepted, accept_len, bonus");
   m.def("draft_tree", &draft_tree, pybind11::arg("logits"), pybind11::arg("budget"), pybind11::arg("k"),
-        pybind11::arg("with_mask") = true,
+        pybind11::arg("with_mask") = true, pybind11::arg("path") = "auto",
         "logits [bs,L,V], budget, k -> ids, logprobs, lse, num_nodes, tokens, depths, ranks, parents, first_child, "
         "next_sibling, vis, vis_packed (vis and vis_packed None without the mask)");
   m.def("compact_kv", &compact_kv, "cache [slots,...], slot_base, accepted, accept_len (in place)");

@@ -72,6 +72,7 @@ int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, 
 // The fused path (top-K + build + mask in one launch) covers K <= 256 and B <= 256; outside it
 // draft_tree composes the three ops. Its workspace also holds counters it keeps at zero.
 bool draft_fast_path(int k, int budget);
+bool draft_fused_pays(int64_t rows, int k, int budget);  // where the fused launch measured faster
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget);
 int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, int64_t vocab, int k, int budget,
                     int64_t* ids, float* logprobs, float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths,

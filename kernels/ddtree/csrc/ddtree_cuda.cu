@@ -345,17 +345,24 @@ __device__ void merge_row(const unsigned long long* in, const float2* stats, int
                           float* out_lse) {
   const int n = splits * k;
   for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = __ldcg(in + i);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
+    // Warp 0 combines the chunks' (max, sum of exp): a lane per chunk, so the loads overlap
+    // (one thread looping over them waited an L2 round trip per chunk, twice).
+    const int lane = threadIdx.x;
     float m = -INFINITY;
-    for (int j = 0; j < splits; ++j) m = fmaxf(m, __ldcg(&stats[j].x));
+    for (int j = lane; j < splits; j += 32) m = fmaxf(m, __ldcg(&stats[j].x));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
     float total = 0.f;
     if (m != -INFINITY) {
-      for (int j = 0; j < splits; ++j) {
+      for (int j = lane; j < splits; j += 32) {
         const float2 st = __ldcg(stats + j);
         if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
       }
     }
-    lse_s = (m == -INFINITY) ? m : m + logf(total);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane == 0) lse_s = (m == -INFINITY) ? m : m + logf(total);
   }
   __syncthreads();
   const float lse = lse_s;
@@ -471,6 +478,27 @@ int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t*
 
 __host__ __device__ inline size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
+// Global -> shared copy of n floats by `stride` threads, 8 loads in flight per thread: a plain
+// load-store loop waits a memory round trip per element (a warp staging B=64 log-probs made
+// ~30 of them in a row). Loads go through L2 (__ldcg): the fused kernel stages what other CTAs
+// wrote during the same launch.
+__device__ __forceinline__ void stage_floats(float* dst, const float* src, int n, int tid, int stride) {
+  constexpr int kInFlight = 8;
+  for (int base = 0; base < n; base += kInFlight * stride) {
+    float v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = base + u * stride + tid;
+      v[u] = i < n ? __ldcg(src + i) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int i = base + u * stride + tid;
+      if (i < n) dst[i] = v[u];
+    }
+  }
+}
+
 constexpr int kBuildWarps = 4;
 
 __host__ __device__ inline size_t heap_smem_per_warp(int depth_limit, int k, int budget) {
@@ -510,8 +538,7 @@ __global__ void build_tree_kernel(const int64_t* __restrict__ ids, const float* 
   off += align16(size_t(slots) * sizeof(RankKey));
   int2* node_dr = reinterpret_cast<int2*>(base + off);
 
-  const float* lp_g = logprobs + int64_t(b) * depth_limit * k;
-  for (int i = lane; i < depth_limit * k; i += 32) lp[i] = lp_g[i];
+  stage_floats(lp, logprobs + int64_t(b) * depth_limit * k, depth_limit * k, lane, 32);
   int32_t* par = parents + int64_t(b) * (budget + 1);
   int32_t* fc = first_child + int64_t(b) * (budget + 1);
   int32_t* ns = next_sibling + int64_t(b) * (budget + 1);
@@ -1066,8 +1093,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __threadfence();
   // Last row of request b: the tree and its mask.
   const BuildSmem s = carve_build_smem(extra, L, k, budget);
-  const float* lp_g = out_lp + int64_t(b) * L * k;
-  for (int i = threadIdx.x; i < L * k; i += blockDim.x) s.lp[i] = __ldcg(lp_g + i);
+  stage_floats(s.lp, out_lp + int64_t(b) * L * k, L * k, threadIdx.x, blockDim.x);
   for (int i = threadIdx.x; i <= budget; i += blockDim.x) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -1095,8 +1121,7 @@ __global__ void __launch_bounds__(32) fast_build_kernel(const int64_t* __restric
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int b = blockIdx.x;
   const BuildSmem s = carve_build_smem(smem_raw, L, k, budget);
-  const float* lp_g = logprobs + int64_t(b) * L * k;
-  for (int i = threadIdx.x; i < L * k; i += 32) s.lp[i] = lp_g[i];
+  stage_floats(s.lp, logprobs + int64_t(b) * L * k, L * k, threadIdx.x, 32);
   for (int i = threadIdx.x; i <= budget; i += 32) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
   __syncwarp();
   const int n = fast_build<F>(s, L, k, budget);
@@ -1263,13 +1288,20 @@ int with_dtype(DType dtype, Fn fn) {
 
 bool draft_fast_path(int k, int budget) { return k <= kFastMaxK && budget <= kFastMaxBudget; }
 
+// Where each path measured faster on the H200 (kernels/ddtree/README.md): the fused launch for
+// small batches at K, B <= 64 (about one wave of rows); the chunk kernel staged through shared
+// memory with cp.async (3 CTAs per SM) for more rows or a larger K; the register-frontier build
+// up to B = 64 (F <= 2), the shared-memory heap above.
+bool draft_fused_pays(int64_t rows, int k, int budget) { return k <= 64 && budget <= 64 && rows <= 128; }
+inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget <= 64; }
+
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
   const DraftLayout d = draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget);
   return d.cand_bytes + d.stats_bytes + d.counter_bytes;
 }
 
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
-  if (draft_fast_path(k, 0)) return draft_workspace_bytes(dtype, rows, 1, vocab, k, 0);
+  if (draft_fused_pays(rows, k, 0)) return draft_workspace_bytes(dtype, rows, 1, vocab, k, 0);
   const int elem = dtype == DType::kFloat32 ? 4 : 2;
   const TopkPlan plan = topk_plan(rows, vocab, k, elem, sm_count());
   return rows * plan.splits * (int64_t(k) * 8 + 8);
@@ -1281,7 +1313,7 @@ int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    if (draft_fast_path(k, 0)) {  // the fused kernel without its build: one launch, merge included
+    if (draft_fused_pays(rows, k, 0)) {  // the fused kernel without its build: one launch, merge included
       return launch_draft<T, 1>(logits, int(rows), 1, vocab, k, 0, ids, logprobs, lse, nullptr, nullptr, nullptr,
                                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, workspace, s);
     }
@@ -1311,7 +1343,7 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
                     int32_t* first_child, int32_t* next_sibling, void* stream) {
   if (bs == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (draft_fast_path(k, budget)) {
+  if (fast_build_pays(k, budget)) {
     return with_frontier(budget, [&](auto f) {
       constexpr int F = decltype(f)::value;
       cudaError_t err = allow_smem_once<fast_build_kernel<F>>();

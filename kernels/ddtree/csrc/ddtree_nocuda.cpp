@@ -8,6 +8,13 @@ constexpr int kNoCuda = 35;  // cudaErrorInsufficientDriver: "no CUDA here"
 }
 
 int64_t topk_workspace_bytes(DType, int64_t, int64_t, int) { return 0; }
+bool draft_fast_path(int, int) { return false; }
+bool draft_fused_pays(int64_t, int, int) { return false; }
+int64_t draft_workspace_bytes(DType, int64_t, int64_t, int64_t, int, int) { return 0; }
+int draft_tree_cuda(const void*, DType, int, int, int64_t, int, int, int64_t*, float*, float*, int32_t*, int64_t*,
+                    int32_t*, int32_t*, int32_t*, int32_t*, int32_t*, bool*, uint32_t*, void*, void*) {
+  return kNoCuda;
+}
 int topk_lse_cuda(const void*, DType, int64_t, int64_t, int, int64_t*, float*, float*, void*, void*) {
   return kNoCuda;
 }
