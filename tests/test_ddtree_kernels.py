@@ -97,6 +97,25 @@ def test_topk_logsumexp(ext, device, dtype, kind):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_signed_zeros_tie_by_token_id(ext, device, dtype):
+    """-0 and +0 are equal values: like the reference's float sort, they tie by token id."""
+    g = torch.Generator().manual_seed(5)
+    x = -torch.rand(2, 3, 5000, generator=g) - 1
+    zeros = torch.randperm(5000, generator=g)[:40]
+    x[..., zeros] = 0.0
+    x[..., zeros[::2]] = -0.0
+    x = x.to(dtype)
+    for k in (16, 64, 100):  # 100: the chunk kernel (K > 64), not the fused one
+        want, _, _ = reference.topk_logprobs(x.view(6, 5000), k)
+        ids, _, _ = ext.topk_lse(x.to(device), k)
+        assert torch.equal(ids.cpu().view(6, k), want), k
+        if device == "cuda":
+            fused = ext.draft_tree(x.to(device), k, k, True, "fused")[0]
+            assert torch.equal(fused.cpu().view(6, k), want), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs,L,V,B", CASES)
 def test_tree_build_matches_reference(ext, device, bs, L, V, B):
     kind = random.Random(bs * 1000 + B).choice(["random", "ties"])
@@ -120,6 +139,27 @@ def test_tree_build_exact_ties(ext, device, B, K):
     got = ops.TreeBatch(*(t.cpu() for t in ext.build_tree(ids.to(device), lp.to(device), B)))
     for b in range(bs):
         assert_tree_equal(got, b, reference.build_tree(ids[b], lp[b], B), B)
+
+
+def test_register_frontier_model_matches_reference():
+    """The CUDA build's algorithm (frontier_model.py mirrors fast_build) on random, tied and flat
+    log-probs, B up to 256: same nodes, same order as the reference heap."""
+    from kernels.ddtree import frontier_model
+    rng, g = random.Random(11), torch.Generator().manual_seed(11)
+    for _ in range(60):
+        L, B = rng.choice([1, 2, 8, 15]), rng.choice([1, 5, 16, 33, 64, 100, 256])
+        K = rng.choice([1, 2, 3, 8, B])
+        kind = rng.choice(["random", "dyadic", "flat"])
+        if kind == "random":
+            _, lp, _ = reference.topk_logprobs((torch.randn(L, 1000, generator=g) * 3).to(torch.bfloat16), K)
+        elif kind == "dyadic":
+            lp, _ = torch.sort(-(torch.randint(0, 6, (L, K), generator=g).float() * 0.25), dim=-1, descending=True)
+        else:
+            lp = torch.full((L, K), -2.0)
+        want = reference.build_tree(torch.zeros(L, K, dtype=torch.long), lp, B)
+        got = frontier_model.build(lp.numpy().astype(np.float32), B)
+        assert [(d, r) for d, r, _ in got] == list(zip(want.depths, want.ranks)), (L, B, K, kind)
+        assert [-1] + [p for _, _, p in got] == want.parents
 
 
 @pytest.mark.parametrize("device", DEVICES)

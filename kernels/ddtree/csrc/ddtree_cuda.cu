@@ -45,7 +45,7 @@ template <typename T> struct KeyTraits;
 template <> struct KeyTraits<float> {
   static constexpr int kBits = 32;
   __device__ static uint32_t key(float v) {
-    const uint32_t u = __float_as_uint(v);
+    const uint32_t u = __float_as_uint(v) == 0x80000000u ? 0u : __float_as_uint(v);  // -0 ties with +0
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
   }
   __device__ static float value(uint32_t k) {
@@ -53,9 +53,14 @@ template <> struct KeyTraits<float> {
     return __uint_as_float(u);
   }
   __device__ static float to_float(float v) { return v; }
+  __device__ static float from_float(float v) { return v; }
 };
 // 16-bit floats (bf16, fp16) share the sign-magnitude layout, so one key transform serves both.
-__device__ __forceinline__ uint32_t key16(uint32_t u) { return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u); }
+// -0 maps to +0's key: equal values tie by token id, as in the reference's float sort.
+__device__ __forceinline__ uint32_t key16(uint32_t u) {
+  u = u == 0x8000u ? 0u : u;
+  return (u & 0x8000u) ? (~u & 0xFFFFu) : (u | 0x8000u);
+}
 __device__ __forceinline__ uint16_t bits16(uint32_t k) {
   return (k & 0x8000u) ? uint16_t(k & 0x7FFFu) : uint16_t(~k & 0xFFFFu);
 }
@@ -64,12 +69,14 @@ template <> struct KeyTraits<__nv_bfloat16> {
   __device__ static uint32_t key(__nv_bfloat16 v) { return key16(__bfloat16_as_ushort(v)); }
   __device__ static float value(uint32_t k) { return __bfloat162float(__ushort_as_bfloat16(bits16(k))); }
   __device__ static float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 };
 template <> struct KeyTraits<__half> {
   static constexpr int kBits = 16;
   __device__ static uint32_t key(__half v) { return key16(__half_as_ushort(v)); }
   __device__ static float value(uint32_t k) { return __half2float(__ushort_as_half(bits16(k))); }
   __device__ static float to_float(__half v) { return __half2float(v); }
+  __device__ static __half from_float(float v) { return __float2half_rn(v); }
 };
 
 __device__ __forceinline__ unsigned long long composite(uint32_t key, int64_t index) {
@@ -254,54 +261,51 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
   const T* x = logits + row * vocab + start;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 
-  // 1. Stage the chunk, tracking each thread's largest key. Aligned chunks go through cp.async:
-  // every thread has all its 16-byte copies in flight at once (a load-then-store loop keeps one
-  // per thread, and at large batch the CTA's time was mostly that latency, not bandwidth).
-  // A thread then reads back only the vectors it copied itself, so no barrier is needed here.
-  uint32_t kmax = 0;
+  // 1. Stage the chunk and take each thread's largest value. Aligned chunks go through cp.async:
+  // every thread has all its 16-byte copies in flight at once, and reads back only the vectors it
+  // copied itself (no barrier needed). Values are compared as floats here and below: Nsight showed
+  // the kernel issue-bound on integer work (the order-preserving key transform of every element),
+  // so keys are made only for the per-thread maxima and for candidates.
   constexpr int kVec = 16 / sizeof(T);
-  int staged = 0;
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const int nvec = len / kVec;
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    uint4* sv = reinterpret_cast<uint4*>(xs);
+  const int nvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 ? len / kVec : 0;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const uint4* sv = reinterpret_cast<const uint4*>(xs);
+  if (nvec > 0) {
     for (int i = tid; i < nvec; i += blockDim.x) {
       const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(sv + i));
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(xv + i) : "memory");
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-    for (int i = tid; i < nvec; i += blockDim.x) {
-      const uint4 raw = sv[i];
-      const T* vals = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) kmax = max(kmax, Traits::key(vals[j]));
-    }
-    staged = nvec * kVec;
   }
-  for (int i = staged + tid; i < len; i += blockDim.x) {
-    xs[i] = x[i];
-    kmax = max(kmax, Traits::key(x[i]));
-  }
-  sh.tmax[tid] = kmax;
-  // 2. Chunk max (as a key), then the sum of exp over the staged chunk.
-  uint32_t wk = kmax;
+  float vmax = -INFINITY;
+  bool any = false;
+  for (int i = tid; i < nvec; i += blockDim.x) {
+    const uint4 raw = sv[i];
+    const T* vals = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) wk = max(wk, __shfl_xor_sync(0xffffffffu, wk, off));
-  if (lane == 0) sh.redk[warp] = wk;
+    for (int j = 0; j < kVec; ++j) vmax = fmaxf(vmax, Traits::to_float(vals[j]));
+    any = true;
+  }
+  for (int i = nvec * kVec + tid; i < len; i += blockDim.x) {
+    const T v = x[i];
+    xs[i] = v;
+    vmax = fmaxf(vmax, Traits::to_float(v));
+    any = true;
+  }
+  // The max is one of the thread's own values, so converting it back to T is exact.
+  sh.tmax[tid] = any ? Traits::key(Traits::from_float(vmax)) : 0u;
+  // 2. Chunk max.
+  float wm = vmax;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, off));
+  if (lane == 0) sh.redk[warp] = __float_as_uint(wm);
   if (tid == 0) sh.count = 0;
   __syncthreads();
-  wk = lane < nwarps ? sh.redk[lane] : 0u;
+  wm = lane < nwarps ? __uint_as_float(sh.redk[lane]) : -INFINITY;
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) wk = max(wk, __shfl_xor_sync(0xffffffffu, wk, off));
-  const float m = Traits::value(wk);
-  float s = 0.f;
-  if (m != -INFINITY) {
-    for (int i = tid; i < len; i += blockDim.x) s += __expf(Traits::to_float(xs[i]) - m);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) sh.red[warp] = s;
+  for (int off = 16; off > 0; off >>= 1) wm = fmaxf(wm, __shfl_xor_sync(0xffffffffu, wm, off));
+  const float m = wm;
   // 3. tau: the K-th largest per-thread maximum (a lower bound of the chunk's K-th largest).
   uint32_t* hist = reinterpret_cast<uint32_t*>(sh.cand);
   const int kk = min(k, len);
@@ -310,21 +314,43 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
   const uint32_t tau = kk <= int(blockDim.x)
                            ? radix_kth<Traits::kBits>(sh, hist, blockDim.x, kk, [&](int i) { return sh.tmax[i]; })
                            : 0u;
-  __syncthreads();  // the per-warp sums above are complete (radix_kth may not have run)
+  __syncthreads();  // the histogram (in cand) is no longer read
+  // 4. One pass for the sum of exp and the candidates (value >= tau). Every element whose key is
+  // >= tau has a value >= value(tau), so the candidates include all of them (a -0 equal to +0 may
+  // join: harmless, ranks use the exact keys).
+  const float tau_f = tau ? Traits::value(tau) : -INFINITY;
+  const bool finite = m != -INFINITY;
+  float s = 0.f;
+  for (int i = tid; i < nvec; i += blockDim.x) {
+    const uint4 raw = sv[i];
+    const T* vals = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float f = Traits::to_float(vals[j]);
+      if (finite) s += __expf(f - m);
+      if (f >= tau_f) {
+        const int slot = atomicAdd(&sh.count, 1);
+        if (slot < kCandCap) sh.cand[slot] = composite(Traits::key(vals[j]), start + int64_t(i) * kVec + j);
+      }
+    }
+  }
+  for (int i = nvec * kVec + tid; i < len; i += blockDim.x) {
+    const float f = Traits::to_float(xs[i]);
+    if (finite) s += __expf(f - m);
+    if (f >= tau_f) {
+      const int slot = atomicAdd(&sh.count, 1);
+      if (slot < kCandCap) sh.cand[slot] = composite(Traits::key(xs[i]), start + i);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+  if (lane == 0) sh.red[warp] = s;
+  __syncthreads();
   if (tid == 0) {
     float total = 0.f;
     for (int w = 0; w < nwarps; ++w) total += sh.red[w];
     ws_stats[row * splits + split] = make_float2(m, total);
   }
-  // 4. Candidates >= tau.
-  for (int i = tid; i < len; i += blockDim.x) {
-    const uint32_t key = Traits::key(xs[i]);
-    if (key >= tau) {
-      const int slot = atomicAdd(&sh.count, 1);
-      if (slot < kCandCap) sh.cand[slot] = composite(key, start + i);
-    }
-  }
-  __syncthreads();
   const int count = sh.count;
   unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
   if (count <= kCandCap) {
