@@ -668,11 +668,6 @@ constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t fkey(float v) {
-  const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0: equal values get equal keys
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -787,7 +782,7 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
         const float f = vec_elem<T>(raw[v], j);
         if (f >= tau && (tau != -INFINITY || first + j < len)) {
           const int slot = atomicAdd(&sh.count, 1);
-          if (slot < kCandCap) sh.cand[slot] = composite(fkey(f), start + first + j);
+          if (slot < kCandCap) sh.cand[slot] = composite(KeyTraits<float>::key(f), start + first + j);
         }
       }
     }
@@ -802,7 +797,7 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
   if (count <= kCandCap) {
     write_ranked(sh, count, kk, k, out);
   } else {
-    exact_topk<32>(sh, len, kk, k, start, [&](int i) { return fkey(KeyTraits<T>::to_float(x[i])); }, out);
+    exact_topk<32>(sh, len, kk, k, start, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); }, out);
   }
 }
 
@@ -841,7 +836,7 @@ __device__ inline BuildSmem carve_build_smem(unsigned char* base, int depth_limi
   return s;
 }
 
-__device__ __forceinline__ uint32_t score_key(float s) { return fkey(s); }
+__device__ __forceinline__ uint32_t score_key(float s) { return KeyTraits<float>::key(s); }
 __device__ __forceinline__ int meta_depth(uint32_t m) { return int(m & 15u); }
 __device__ __forceinline__ int meta_rank(uint32_t m) { return int((m >> 4) & 511u); }
 __device__ __forceinline__ int meta_parent(uint32_t m) { return int((m >> 13) & 511u); }
