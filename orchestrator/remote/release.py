@@ -354,15 +354,21 @@ def undo_ops(ops):
 
 def mark_rolled_back(host, rollback):
     """Records of the releases a committed rollback undid say so, and `current` names the newest
-    release still active. Idempotent: recovery runs it again after a kill."""
+    release still active, which is returned. Idempotent: recovery runs it again after a kill."""
     undid = set(rollback["undid"])
+    still_active = []
     for record in host.releases():
-        if record["id"] in undid and record.get("status") == "active":
+        if record.get("status") != "active":
+            continue
+        if record["id"] in undid:
             path = os.path.join(record.pop("dir"), "release.json")
             record.update(status="rolled_back", rolled_back_by=rollback["id"], rolled_back_at=rollback["time"])
             write_json_atomic(path, record)
-    active = [r["id"] for r in host.releases() if r.get("status") == "active"]
-    host.set_current(active[-1] if active else None)
+        else:
+            still_active.append(record["id"])
+    current = still_active[-1] if still_active else None
+    host.set_current(current)
+    return current
 
 
 def recover(host):
@@ -597,11 +603,10 @@ def cmd_rollback(host, args):
         except Exception:
             tx.undo()
             raise
-        new_current = next((r["id"] for r in reversed(active) if r not in undo), None)
         rollback = {"id": rb_id, "time": time.time(), "committed": True, "undid": [r["id"] for r in undo],
                     "controller": args["holder"], "drifted_kept": drifted}
         write_json_atomic(os.path.join(rb_dir, "rollback.json"), rollback)
-        mark_rolled_back(host, rollback)
+        new_current = mark_rolled_back(host, rollback)
         tx.finish()
     return {"rolled_back": [r["id"] for r in undo], "current": new_current, "recovered": recovered,
             "files": [key for key, _ in changes], "drifted_kept": drifted}

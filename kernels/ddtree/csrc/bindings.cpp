@@ -47,6 +47,13 @@ void* stream_of(const at::Tensor& t) {
 #define DDTREE_NO_CUDA(t)
 #endif
 
+ddtree::DType logits_dtype(const at::Tensor& x) {
+  if (x.scalar_type() == at::kFloat) return ddtree::DType::kFloat32;
+  if (x.scalar_type() == at::kHalf) return ddtree::DType::kFloat16;
+  if (x.scalar_type() == at::kBFloat16) return ddtree::DType::kBFloat16;
+  fail("logits must be float32, float16 or bfloat16");
+}
+
 std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
   DDTREE_CHECK(logits.dim() == 3, "logits must be [bs, L, V]");
   DDTREE_NO_CUDA(logits);
@@ -59,11 +66,7 @@ std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
   auto lse = at::empty({bs, depth}, opts.dtype(at::kFloat));
   auto x = logits.contiguous();
   if (x.is_cuda()) {
-    ddtree::DType dt;
-    if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
-    else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
-    else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
-    else fail("logits must be float32, float16 or bfloat16");
+    const ddtree::DType dt = logits_dtype(x);
     // Workspace from the caching allocator: graph-safe, no cudaMalloc per call.
     auto ws = at::empty({ddtree::topk_workspace_bytes(dt, bs * depth, vocab, int(k))}, opts.dtype(at::kByte));
     check_cuda(ddtree::topk_lse_cuda(x.data_ptr(), dt, bs * depth, vocab, int(k), ids.data_ptr<int64_t>(),
@@ -180,11 +183,7 @@ std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int
 #ifdef WITH_CUDA
   if (path == "fused" || (path == "auto" && fused_ok && ddtree::draft_fused_pays(bs * depth, int(k), int(budget)))) {
     auto x = logits.contiguous();
-    ddtree::DType dt;
-    if (x.scalar_type() == at::kFloat) dt = ddtree::DType::kFloat32;
-    else if (x.scalar_type() == at::kHalf) dt = ddtree::DType::kFloat16;
-    else if (x.scalar_type() == at::kBFloat16) dt = ddtree::DType::kBFloat16;
-    else fail("logits must be float32, float16 or bfloat16");
+    const ddtree::DType dt = logits_dtype(x);
     auto opts = x.options();
     auto i32 = opts.dtype(at::kInt);
     auto ids = at::empty({bs, depth, k}, opts.dtype(at::kLong));
