@@ -115,6 +115,28 @@ def test_topk_signed_zeros_tie_by_token_id(ext, device, dtype):
             assert torch.equal(fused.cpu().view(6, k), want), k
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk kernels past 128 rows are CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "ties", "flat", "masked"])
+def test_topk_many_rows(ext, dtype, kind):
+    """Past the fused launch's 128 rows (the cp.async chunk kernel and the merge kernel): exact ids
+    (ties by token id, -inf entries by id when fewer than K are finite), unaligned rows included."""
+    for V, k in ((32, 32), (4099, 17), (151937, 64), (151936, 1)):
+        if kind == "masked":  # 10 finite logits a row, the rest -inf
+            g = torch.Generator().manual_seed(V)
+            logits = torch.full((3, 50, V), float("-inf"))
+            idx = torch.stack([torch.randperm(V, generator=g)[:10] for _ in range(150)]).view(3, 50, 10)
+            logits.scatter_(2, idx, torch.randn(3, 50, 10, generator=g))
+            logits = logits.to(dtype)
+        else:
+            logits = make_logits(3, 50, V, kind, seed=V + k, dtype=dtype)
+        ids, lp, lse = ext.topk_lse(logits.cuda(), k)
+        want_ids, want_lp, want_lse = reference.topk_logprobs(logits.view(150, V), k)
+        assert torch.equal(ids.cpu().view(150, k), want_ids), (V, k)
+        torch.testing.assert_close(lse.cpu().view(150), want_lse, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(lp.cpu().view(150, k), want_lp, rtol=2e-6, atol=4e-6)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs,L,V,B", CASES)
 def test_tree_build_matches_reference(ext, device, bs, L, V, B):
@@ -214,6 +236,28 @@ def test_fused_draft_tree(ext, bs, L, V, B, kind, dtype):
         assert torch.equal(got.cpu(), want.cpu())
     composed = ext.draft_tree(logits.cuda(), B, k, True, "composed")
     assert torch.equal(composed[0].cpu(), ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the composed CUDA path")
+def test_composed_draft_tree_many_rows(ext):
+    """bs=10, L=15 (150 rows): the chunk top-K, then the register-frontier build, in a graph."""
+    bs, L, V, B = 10, 15, 151936, 64
+    static = make_logits(bs, L, V, "random", seed=3, dtype=torch.bfloat16).cuda()
+    graph = torch.cuda.CUDAGraph()
+    ext.draft_tree(static, B, B, True, "composed")
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        out = ext.draft_tree(static, B, B, True, "composed")
+    for seed in (4, 5):
+        static.copy_(make_logits(bs, L, V, "ties" if seed == 5 else "random", seed=seed, dtype=torch.bfloat16).cuda())
+        graph.replay()
+        ids, lp = out[0].cpu(), out[1].cpu()
+        want_ids, _, _ = reference.topk_logprobs(static.cpu().view(bs * L, V), B)
+        assert torch.equal(ids.view(bs * L, B), want_ids), seed
+        tree = ops.TreeBatch(*(t.cpu() for t in out[3:10]))
+        tree.vis, tree.vis_packed = out[10].cpu(), out[11].cpu()
+        for b in range(bs):
+            assert_tree_equal(tree, b, reference.build_tree(ids[b], lp[b], B), B)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")

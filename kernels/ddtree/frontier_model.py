@@ -1,10 +1,12 @@
 """A Python model of the CUDA register-frontier tree build (`fast_build` in csrc/ddtree_cuda.cu).
 
-It keeps the kernel's structure — 32 lanes x F positions, order keys of fp32 scores, the packed
-(depth, rank, parent, previous sibling) word, each entry's precomputed successor scores, the
-placement rule (sibling into the popped position, child appended), the lane-best refresh and the
-tie branch that compares rank tuples — so the algorithm can be checked against reference.py on a
-machine without a GPU. It models the algorithm, not the timing.
+It keeps the kernel's structure — 32 lanes x F slots, slot p holding the entry of node p's next
+unpopped child (lane p % 32, register p // 32), order keys of fp32 scores, the packed (depth,
+rank, previous sibling) word, each entry's precomputed successor scores, the placement rule (the
+sibling replaces the popped entry in its slot, the first child fills the popped node's own slot),
+the lane-best refresh and the tie branch that rebuilds rank tuples from the node records — so the
+algorithm can be checked against reference.py on a machine without a GPU. It models the
+algorithm, not the timing.
 """
 
 from __future__ import annotations
@@ -15,24 +17,20 @@ f32 = np.float32
 
 
 def order_key(score) -> int:
-    """The kernel's fkey: order-preserving u32 of an fp32 value, -0 folded into +0."""
+    """The kernel's score_key: order-preserving u32 of an fp32 value, -0 folded into +0."""
     u = int(np.array([f32(score) + f32(0.0)], dtype=np.float32).view(np.uint32)[0])
     return (~u & 0xFFFFFFFF) if (u & 0x80000000) else (u | 0x80000000)
 
 
-def pack(depth: int, rank: int, parent: int, prev: int) -> int:
-    return depth | rank << 4 | parent << 13 | prev << 22
+def sibling_score(s, lp_r, lp_next):
+    return f32(f32(s - lp_r) + lp_next)
 
 
-def unpack(meta: int) -> tuple[int, int, int, int]:
-    return meta & 15, (meta >> 4) & 511, (meta >> 13) & 511, meta >> 22
-
-
-def successor_scores(lp: np.ndarray, s, meta: int) -> tuple:
+def successor_scores(lp: np.ndarray, s, depth: int, rank: int) -> tuple:
+    """The scores an entry's sibling and first child get (0 where it has none)."""
     L, K = lp.shape
-    d, r, _, _ = unpack(meta)
-    sib = f32(f32(s - lp[d - 1, r]) + lp[d - 1, r + 1]) if r + 1 < K else f32(0)
-    child = f32(s + lp[d, 0]) if d < L else f32(0)
+    sib = sibling_score(s, lp[depth - 1, rank], lp[depth - 1, rank + 1]) if rank + 1 < K else f32(0)
+    child = f32(s + lp[depth, 0]) if depth < L else f32(0)
     return sib, child
 
 
@@ -40,59 +38,45 @@ def build(lp: np.ndarray, budget: int) -> list[tuple[int, int, int]]:
     """lp [L, K] fp32 -> (depth, rank, parent) of nodes 1..n in pop order."""
     L, K = lp.shape
     frontier = next(f for f in (1, 2, 4, 8) if 32 * f >= budget)
-    lanes = [{"key": [0] * frontier, "meta": [0] * frontier, "sib": [f32(0)] * frontier,
-              "child": [f32(0)] * frontier} for _ in range(32)]
-    tuples = {0: (0,) * 15}  # rank tuple of node i, as rank + 1 per level
+    # slots[p] = (key, depth, rank, prev, sib_score, child_score) or None; p = lane + 32 j.
+    slots: list[tuple | None] = [None] * (32 * frontier)
+    records: list[tuple[int, int, int]] = []  # node i at i - 1: (depth, rank, parent)
 
     def lane_best(lane):
-        e = lanes[lane]
-        j = max(range(frontier), key=lambda i: (e["key"][i], -i))
-        dup = e["key"][j] != 0 and e["key"].count(e["key"][j]) > 1
-        return e["key"][j], j, dup
+        keys = [(slots[lane + 32 * j] or (0,))[0] for j in range(frontier)]
+        j = max(range(frontier), key=lambda i: (keys[i], -i))
+        return keys[j], j, keys[j] != 0 and keys.count(keys[j]) > 1
 
-    first = lanes[0]
-    first["key"][0], first["meta"][0] = order_key(lp[0, 0]), pack(1, 0, 0, 0)
-    first["sib"][0], first["child"][0] = successor_scores(lp, lp[0, 0], first["meta"][0])
-    nodes, top = [], 1
-    while len(nodes) < budget:
+    def rank_tuple(p, depth, rank):  # walks the records up from slot p's node
+        t = [0] * 15
+        a = p
+        while a > 0:
+            d, r, parent = records[a - 1]
+            t[d - 1] = r + 1
+            a = parent
+        t[depth - 1] = rank + 1
+        return tuple(t)
+
+    s0 = lp[0, 0]
+    slots[0] = (order_key(s0), 1, 0, 0, *successor_scores(lp, s0, 1, 0))
+    while len(records) < budget:
         best = [lane_best(lane) for lane in range(32)]
         top_key = max(b[0] for b in best)
         if top_key == 0:
             break
         holders = [lane for lane in range(32) if best[lane][0] == top_key]
         if len(holders) == 1 and not best[holders[0]][2]:
-            w, wj = holders[0], best[holders[0]][1]
-        else:  # exact tie: the smallest rank tuple (parent's tuple extended by the rank)
-            def rank_tuple(lane, j):
-                d, r, p, _ = unpack(lanes[lane]["meta"][j])
-                t = list(tuples[p])
-                t[d - 1] = r + 1
-                return tuple(t)
-            _, w, wj = min((rank_tuple(lane, j), lane, j) for lane in range(32) for j in range(frontier)
-                           if lanes[lane]["key"][j] == top_key)
-        e = lanes[w]
-        d, r, parent, _ = unpack(e["meta"][wj])
-        p_sib, p_child = e["sib"][wj], e["child"][wj]
-        node = len(nodes) + 1
-        t = list(tuples[parent])
-        t[d - 1] = r + 1
-        tuples[node] = tuple(t)
-        nodes.append((d, r, parent))
+            p = holders[0] + 32 * best[holders[0]][1]
+        else:  # exact tie: the smallest rank tuple
+            p = min((rank_tuple(q, e[1], e[2]), q) for q, e in enumerate(slots)
+                    if e is not None and e[0] == top_key)[1]
+        _, d, r, prev, p_sib, p_child = slots[p]
+        records.append((d, r, p))
+        node = len(records)
+        slots[p] = (order_key(p_sib), d, r + 1, node, *successor_scores(lp, p_sib, d, r + 1)) if r + 1 < K else None
         if node == budget:
             break
-        has_sib, has_child = r + 1 < K, d < L
-        sib_meta, child_meta = pack(d, r + 1, parent, node), pack(d + 1, 0, node, 0)
-        sib_entry = (order_key(p_sib), sib_meta, *successor_scores(lp, p_sib, sib_meta)) if has_sib else None
-        child_entry = (order_key(p_child), child_meta, *successor_scores(lp, p_child, child_meta)) \
-            if has_child else None
-        placed = sib_entry or child_entry
-        if placed:
-            e["key"][wj], e["meta"][wj], e["sib"][wj], e["child"][wj] = placed
-        else:
-            e["key"][wj] = 0
-        if sib_entry and child_entry:  # the child takes the next unused position
-            a = lanes[top & 31]
-            assert top >> 5 < frontier, "positions used never exceed the budget"
-            a["key"][top >> 5], a["meta"][top >> 5], a["sib"][top >> 5], a["child"][top >> 5] = child_entry
-            top += 1
-    return nodes
+        assert slots[node] is None and node < len(slots), "slot i is first used when node i is popped"
+        if d < L:
+            slots[node] = (order_key(p_child), d + 1, 0, 0, *successor_scores(lp, p_child, d + 1, 0))
+    return records

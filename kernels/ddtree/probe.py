@@ -1,14 +1,45 @@
-"""Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us).
+"""Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us), then where a
+fused launch spends its time (phase timestamps the kernel records when asked: ext._set_timeline).
 
     DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe
 """
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 
 from . import load
 from .bench import graph_us
+
+SM_GHZ = 1.98  # H200 SM clock under load (Nsight reports 1.98): cycles -> us for the in-CTA phases
+PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the first CTA start
+    ("last CTA start", 1, "ns"), ("first chunk done", 10, "ns"), ("last chunk done", 2, "ns"),
+    ("last row merged", 3, "ns"), ("kernel end", 4, "ns"), ("row merge", 5, "cyc"),
+    ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
+]
+
+
+def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
+    """Median phase times (us) of eager fused launches on logits x."""
+    slots = torch.zeros(16, dtype=torch.int64, device="cuda")
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in PHASES}
+    ext._set_timeline(slots)
+    try:
+        for i in range(runs + 5):
+            slots.zero_()
+            slots[0] = slots[10] = -1  # all ones: the minimum slots
+            ext.draft_tree(x, budget, k, True, "fused")
+            torch.cuda.synchronize()
+            v = slots.tolist()
+            if i < 5:
+                continue
+            for label, slot, kind in PHASES:
+                samples[label].append((v[slot] - v[0]) / 1e3 if kind == "ns" else v[slot] / (SM_GHZ * 1e3))
+    finally:
+        ext._set_timeline(None)
+    return {label: statistics.median(vals) for label, vals in samples.items()}
 
 
 def main() -> None:
@@ -24,6 +55,12 @@ def main() -> None:
             t_fused = graph_us(lambda: ext.draft_tree(x, k, k, True, "fused"), 100)
             print(f"bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
                   f"build {t_build:7.1f}  mask {t_mask:6.1f}  fused draft_tree {t_fused:7.1f} us", flush=True)
+    print("fused launch phases, K=B=64, median of 40 eager launches (us; times from the first CTA start,"
+          " durations inside the CTA that ran them):")
+    for bs in (1, 8, 64):
+        x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
+        phases = timeline(ext, x, 64, 64)
+        print(f"  bs={bs:2d}: " + "  ".join(f"{label} {us:.1f}" for label, us in phases.items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,9 @@ int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, in
                     int64_t* ids, float* logprobs, float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths,
                     int32_t* ranks, int32_t* parents, int32_t* first_child, int32_t* next_sibling, bool* vis,
                     uint32_t* vis_packed, void* workspace, void* stream);
+// Probe only: phase timestamps of later fused launches go to `slots` (16 x u64 on the device,
+// [0] and [10] preset to all ones, the rest to 0); null stops recording.
+int set_timeline_cuda(void* slots);
 int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
                     int32_t* first_child, int32_t* next_sibling, void* stream);
