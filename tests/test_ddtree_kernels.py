@@ -184,6 +184,46 @@ def test_register_frontier_model_matches_reference():
         assert [-1] + [p for _, _, p in got] == want.parents
 
 
+def test_parallel_build_model_matches_reference():
+    """The parallel build (frontier_model.select_build mirrors select_build): wherever it does not
+    fall back, the same nodes in the same order as the reference heap; on real-looking log-probs
+    (bf16 logits over a large vocab, flat or peaked) it must not fall back, or it would be dead
+    weight in front of the serial build. (Its generator check is a guard: no input was found where
+    a chain's rounded sibling score exceeds its generator's, so no case here reaches it; dropping
+    the tuple order from the positions does fail this test.)"""
+    from kernels.ddtree import frontier_model
+    rng, g = random.Random(5), torch.Generator().manual_seed(5)
+    used = 0
+    for _ in range(150):
+        L, B = rng.choice([1, 2, 8, 15]), rng.choice([1, 5, 16, 33, 64, 100, 256])
+        K = rng.choice([1, 2, 3, 8, B])
+        kind = rng.choice(["random", "dyadic", "flat", "bf16"])
+        if kind in ("random", "bf16"):
+            x = torch.randn(L, 3000, generator=g) * 3
+            _, lp, _ = reference.topk_logprobs(x.to(torch.bfloat16) if kind == "bf16" else x, K)
+        elif kind == "dyadic":
+            lp, _ = torch.sort(-(torch.randint(0, 6, (L, K), generator=g).float() * 0.25), dim=-1, descending=True)
+        else:
+            lp = torch.full((L, K), -2.0)
+        got = frontier_model.select_build(lp.numpy().astype(np.float32), B)
+        if got is None:
+            continue
+        used += 1
+        want = reference.build_tree(torch.zeros(L, K, dtype=torch.long), lp, B)
+        assert [(d, r) for d, r, _ in got] == list(zip(want.depths, want.ranks)), (L, B, K, kind)
+        assert [-1] + [p for _, _, p in got] == want.parents
+    assert used >= 50, used
+    for scale, peak in ((3.0, 0.0), (1.0, 0.0), (2.0, 12.0)):
+        for seed in range(4):
+            x = torch.randn(15, 151936, generator=g) * scale
+            x[:, 0] += peak
+            _, lp, _ = reference.topk_logprobs(x.to(torch.bfloat16), 64)
+            got = frontier_model.select_build(lp.numpy().astype(np.float32), 64)
+            assert got is not None, (scale, peak, seed)
+            want = reference.build_tree(torch.zeros(15, 64, dtype=torch.long), lp, 64)
+            assert [-1] + [p for _, _, p in got] == want.parents
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_end_to_end_draft_tree(ext, device):
     """logits -> tree in one call equals the reference path (CPU: bit-identical lse)."""

@@ -1,12 +1,13 @@
-"""A Python model of the CUDA register-frontier tree build (`fast_build` in csrc/ddtree_cuda.cu).
+"""Python models of the CUDA tree builds in csrc/ddtree_cuda.cu: `build` mirrors the serial
+register-frontier build (`fast_build`), `select_build` the parallel one that runs first.
 
-It keeps the kernel's structure — 32 lanes x F slots, slot p holding the entry of node p's next
+`build` keeps the kernel's structure — 32 lanes x F slots, slot p holding the entry of node p's next
 unpopped child (lane p % 32, register p // 32), order keys of fp32 scores, the packed (depth,
 rank, previous sibling) word, each entry's precomputed successor scores, the placement rule (the
 sibling replaces the popped entry in its slot, the first child fills the popped node's own slot),
 the lane-best refresh and the tie branch that rebuilds rank tuples from the node records — so the
-algorithm can be checked against reference.py on a machine without a GPU. It models the
-algorithm, not the timing.
+algorithm can be checked against reference.py on a machine without a GPU. They model the
+algorithms, not the timing.
 """
 
 from __future__ import annotations
@@ -80,3 +81,58 @@ def build(lp: np.ndarray, budget: int) -> list[tuple[int, int, int]]:
         if d < L:
             slots[node] = (order_key(p_child), d + 1, 0, 0, *successor_scores(lp, p_child, d + 1, 0))
     return records
+
+
+def select_build(lp: np.ndarray, budget: int, cap: int = 1024) -> list[tuple[int, int, int]] | None:
+    """Model of the parallel build (`select_build` in csrc/ddtree_cuda.cu): lp [L, K] fp32 ->
+    (depth, rank, parent) of nodes 1..B in pop order, or None where the kernel falls back to the
+    serial build. Same steps: tau0 from the comb, the gathered set E, positions by (score desc,
+    rank tuple asc), the generator check."""
+    L, K = lp.shape
+    M = min(K, budget)
+    if L * M < budget:
+        return None
+    comb = []
+    for d in range(1, L + 1):  # depth d's chain node and its first M - 1 siblings
+        m = lp[0, 0]
+        for j in range(1, d):
+            m = f32(m + lp[j, 0])
+        comb.append(m)
+        for r in range(1, M):
+            m = sibling_score(m, lp[d - 1, r - 1], lp[d - 1, r])
+            comb.append(m)
+    tau = sorted(comb, key=order_key, reverse=True)[budget - 1]
+    if not np.isfinite(tau):
+        return None
+    E: list[tuple] = []  # (score, depth, rank, parent index or -1, previous sibling index or -1, tuple)
+    level = [-1]
+    for d in range(1, L + 1):
+        nxt = []
+        for p in level:
+            s = lp[d - 1, 0] if p < 0 else f32(E[p][0] + lp[d - 1, 0])
+            prev = -1
+            for r in range(K):
+                if r > 0:
+                    s = sibling_score(s, lp[d - 1, r - 1], lp[d - 1, r])
+                if np.isnan(s) or s == np.inf:
+                    return None
+                if not s >= tau:
+                    break
+                E.append((s, d, r, p, prev, (E[p][5] if p >= 0 else ()) + (r,)))
+                prev = len(E) - 1
+                nxt.append(prev)
+        if len(E) > cap:
+            return None
+        level = nxt
+        if not level:
+            break
+    if len(E) < budget:
+        return None
+    best = sorted(range(len(E)), key=lambda i: (-E[i][0], E[i][5]))[:budget]
+    for i in best:  # every one of the B best scores no higher than its generator
+        s, d, r, p, prev, _ = E[i]
+        g = prev if r > 0 else p
+        if g >= 0 and not E[g][0] >= s:
+            return None
+    node = {i: n + 1 for n, i in enumerate(best)}
+    return [(E[i][1], E[i][2], node[E[i][3]] if E[i][3] >= 0 else 0) for i in best]

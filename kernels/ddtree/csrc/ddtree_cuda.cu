@@ -869,16 +869,37 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
 // (v9 kept entries by position with a packed parent and a rank tuple per node, broadcast 8
 // fields to all lanes per pop and updated them under lane 0: ~245 instructions per pop.)
 
+constexpr int kSelectCap = 1024;  // nodes the parallel build may gather before it falls back
+
+// The parallel build's workspace (select_build): comb scores, then the gathered nodes E.
+struct SelectSmem {
+  float* comb;    // [L * min(K, B)]
+  float* score;   // [kSelectCap]
+  int* dr;        // depth | rank << 8
+  int* par;       // index in E of the parent, -1: the root
+  int* prev;      // index in E of the previous sibling, -1: none
+  int* rank;      // position by (score desc, rank tuple asc)
+  RankKey* key;   // rank tuple
+  int* flags;     // [0] |E| (-1: gave up), [1] a check failed
+};
+
 struct BuildSmem {
   float* lp;  // [L * K] log-probs of the request
   int* par;   // [B + 1]
   int* fc;    // [B + 1]
   int* ns;    // [B + 1]
   int* dr;    // [B]: depth | rank << 8 of node i at i - 1
+  SelectSmem sel;
 };
 
+__host__ __device__ inline size_t select_smem(int depth_limit, int k, int budget) {
+  return align16(size_t(depth_limit) * (k < budget ? k : budget) * 4) + 5 * align16(size_t(kSelectCap) * 4) +
+         align16(size_t(kSelectCap) * sizeof(RankKey)) + 16;
+}
+
 __host__ __device__ inline size_t fast_build_smem(int depth_limit, int k, int budget) {
-  return align16(size_t(depth_limit) * k * 4) + 3 * align16(size_t(budget + 1) * 4) + align16(size_t(budget) * 4);
+  return align16(size_t(depth_limit) * k * 4) + 3 * align16(size_t(budget + 1) * 4) + align16(size_t(budget) * 4) +
+         select_smem(depth_limit, k, budget);
 }
 
 __device__ inline BuildSmem carve_build_smem(unsigned char* base, int depth_limit, int k, int budget) {
@@ -888,7 +909,16 @@ __device__ inline BuildSmem carve_build_smem(unsigned char* base, int depth_limi
   s.par = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
   s.fc = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
   s.ns = reinterpret_cast<int*>(base + off); off += align16(size_t(budget + 1) * 4);
-  s.dr = reinterpret_cast<int*>(base + off);
+  s.dr = reinterpret_cast<int*>(base + off); off += align16(size_t(budget) * 4);
+  SelectSmem& w = s.sel;
+  w.comb = reinterpret_cast<float*>(base + off); off += align16(size_t(depth_limit) * min(k, budget) * 4);
+  w.score = reinterpret_cast<float*>(base + off); off += align16(size_t(kSelectCap) * 4);
+  w.dr = reinterpret_cast<int*>(base + off); off += align16(size_t(kSelectCap) * 4);
+  w.par = reinterpret_cast<int*>(base + off); off += align16(size_t(kSelectCap) * 4);
+  w.prev = reinterpret_cast<int*>(base + off); off += align16(size_t(kSelectCap) * 4);
+  w.rank = reinterpret_cast<int*>(base + off); off += align16(size_t(kSelectCap) * 4);
+  w.key = reinterpret_cast<RankKey*>(base + off); off += align16(size_t(kSelectCap) * sizeof(RankKey));
+  w.flags = reinterpret_cast<int*>(base + off);
   return s;
 }
 
@@ -1069,6 +1099,195 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
   return n;
 }
 
+// ---- the parallel tree build: the B best nodes at once, checked, the pop order read off.
+//
+// When every popped node's successors score no higher than it (always for a first child, since
+// log-probs are <= 0; for a sibling, fp32 rounding of (s - a) + b can break it), the heap pops
+// the B best nodes by (score desc, rank tuple asc) in that order. So:
+//   1. tau0: the B-th best score of the "comb" — the chain of first children and each chain
+//      node's siblings — a closed set of nodes, so at least B nodes score >= tau0 (radix select);
+//   2. E: every node reachable through nodes scoring >= tau0, gathered depth by depth by one warp
+//      (depth 1 read off the comb; deeper, each parent walks its sibling chain until a score
+//      falls below tau0);
+//   3. each node's position among E by (score, rank tuple), by counting;
+//   4. the check: every one of the B best has a generator (parent or previous sibling) scoring
+//      at least as high. With it, the B best are closed, every successor outside them ranks
+//      after all of them (in E by position, outside E below tau0), and the heap pops exactly
+//      them, in order. Any failure (the check, E over kSelectCap, fewer than B nodes, NaN or
+//      infinite scores) returns -1 and the caller runs the serial build.
+// Measured on the H200 (results/): see kernels/ddtree/README.md. frontier_model.select_build
+// models it; a CPU test checks it against the reference.
+
+// Node `pos` of E: depth d, rank r, score sc, parent index par, previous sibling prev.
+__device__ __forceinline__ void put_node(const SelectSmem& w, int pos, float sc, int d, int r, int par, int prev,
+                                         const RankKey& parent_key) {
+  w.score[pos] = sc;
+  w.dr[pos] = d | (r << 8);
+  w.par[pos] = par;
+  w.prev[pos] = prev;
+  w.key[pos] = rank_key_with(parent_key, d - 1, r);
+}
+
+// Warp 0: E, depth by depth. Writes flags[0] = |E| (-1: gave up) and clears flags[1].
+// Depth 1 is the root's sibling chain, which the comb's first row already holds (same
+// arithmetic): its nodes are that row's leading entries >= tau, found by ballots instead of one
+// lane walking the chain twice (the longest serial walk of the build on flat distributions).
+__device__ void gather_nodes(const float* lp, const SelectSmem& w, int L, int K, int M, float tau) {
+  const int lane = threadIdx.x & 31;
+  int n = 0, lo = 0, hi = 0;  // E so far; the previous depth's nodes are E[lo, hi)
+  bool bad = false;
+  for (int base = 0; base < M; base += 32) {
+    const int i = base + lane;
+    const float sc = i < M ? w.comb[i] : -INFINITY;
+    const unsigned below = __ballot_sync(kFull, i < M && !(sc >= tau));
+    const unsigned odd = __ballot_sync(kFull, i < M && (sc != sc || sc == INFINITY));
+    const int take = below ? __ffs(below) - 1 : min(32, M - base);
+    bad = bad || (odd & ((take < 32 ? (2u << take) : 0u) - 1u)) != 0;  // NaN/inf up to the first below
+    if (i - base < take) put_node(w, i, sc, 1, i, -1, i - 1, RankKey{{0, 0, 0}});
+    n = base + take;
+    if (below || bad) break;
+  }
+  if (!bad && n == M && M < K) {  // the whole row passed: the chain goes on past the comb
+    if (lane == 0) {
+      const float* row = lp;
+      float sc = w.comb[M - 1];
+      for (int r = M; r < K && n < kSelectCap; ++r) {
+        sc = sibling_score(sc, row[r - 1], row[r]);
+        if (sc != sc || sc == INFINITY) { n = -1; break; }
+        if (!(sc >= tau)) break;
+        put_node(w, n, sc, 1, r, -1, n - 1, RankKey{{0, 0, 0}});
+        ++n;
+      }
+      if (n == kSelectCap) n = -1;  // may have more: give up
+    }
+    n = __shfl_sync(kFull, n, 0);
+    bad = n < 0;
+  }
+  __syncwarp();
+  hi = bad ? 0 : n;
+  for (int d = 2; d <= L && !bad; ++d) {
+    const int parents = hi - lo;
+    if (parents == 0) break;
+    const int first_new = n;
+    const float* row = lp + (d - 1) * K;
+    for (int base = 0; base < parents && !bad; base += 32) {
+      const int pi = base + lane;
+      const int p = lo + pi;
+      const float head = pi < parents ? __fadd_rn(w.score[p], row[0]) : 0.f;
+      int cnt = 0;
+      bool nan = false;
+      if (pi < parents) {
+        float sc = head;
+        for (int r = 0; r < K; ++r) {
+          if (r > 0) sc = sibling_score(sc, row[r - 1], row[r]);
+          if (sc != sc || sc == INFINITY) { nan = true; break; }
+          if (!(sc >= tau)) break;
+          ++cnt;
+        }
+      }
+      int incl = cnt;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(kFull, incl, off);
+        if (lane >= off) incl += y;
+      }
+      const int total = __shfl_sync(kFull, incl, 31);
+      bad = __any_sync(kFull, nan) || n + total > kSelectCap;
+      if (!bad && cnt > 0) {
+        int pos = n + incl - cnt;
+        const RankKey pk = w.key[p];
+        float sc = head;
+        for (int r = 0; r < cnt; ++r, ++pos) {
+          if (r > 0) sc = sibling_score(sc, row[r - 1], row[r]);
+          put_node(w, pos, sc, d, r, p, r > 0 ? pos - 1 : -1, pk);
+        }
+      }
+      n += total;
+    }
+    __syncwarp();  // this depth's entries are visible before the next depth reads them
+    lo = first_new;
+    hi = n;
+  }
+  if (lane == 0) {
+    w.flags[0] = bad ? -1 : n;
+    w.flags[1] = 0;
+  }
+}
+
+// All threads of a kTopkThreads CTA call it, after stage_build. Returns the node count (records
+// written to s) or -1: fall back to fast_build (nothing written then).
+__device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget) {
+  const int tid = threadIdx.x;
+  const float* lp = s.lp;
+  const SelectSmem& w = s.sel;
+  const int M = min(K, budget);
+  if (L * M < budget) return -1;
+  if (tid < L) {  // the comb: depth tid + 1's chain node and its siblings
+    float m = lp[0];
+    for (int j = 1; j <= tid; ++j) m = __fadd_rn(m, lp[j * K]);
+    float* out = w.comb + tid * M;
+    const float* row = lp + tid * K;
+    out[0] = m;
+    for (int r = 1; r < M; ++r) {
+      m = sibling_score(m, row[r - 1], row[r]);
+      out[r] = m;
+    }
+  }
+  __syncthreads();
+  const uint32_t kth = radix_kth<32>(sh, reinterpret_cast<uint32_t*>(sh.cand), L * M, budget,
+                                     [&](int i) { return KeyTraits<float>::key(w.comb[i]); });
+  const float tau = KeyTraits<float>::value(kth);
+  if (!(tau > -INFINITY && tau < INFINITY)) return -1;
+  if (tid < 32) gather_nodes(lp, w, L, K, M, tau);
+  __syncthreads();
+  const int n_e = w.flags[0];
+  if (n_e < budget) return -1;
+  for (int i = tid; i < n_e; i += blockDim.x) {
+    const float si = w.score[i];
+    int pos = 0;
+    for (int j = 0; j < n_e; ++j) {
+      const float sj = w.score[j];
+      pos += sj > si || (sj == si && rank_key_less(w.key[j], w.key[i]));
+    }
+    w.rank[i] = pos;
+  }
+  __syncthreads();
+  for (int i = tid; i < n_e; i += blockDim.x) {
+    if (w.rank[i] < budget) {
+      const int g = (w.dr[i] >> 8) > 0 ? w.prev[i] : w.par[i];
+      if (g >= 0 && !(w.score[g] >= w.score[i])) w.flags[1] = 1;
+    }
+  }
+  __syncthreads();
+  if (w.flags[1] != 0) return -1;
+  for (int i = tid; i < n_e; i += blockDim.x) {
+    const int pos = w.rank[i];
+    if (pos < budget) {
+      const int node = pos + 1, dr = w.dr[i];
+      const int parent = w.par[i] < 0 ? 0 : w.rank[w.par[i]] + 1;
+      s.par[node] = parent;
+      s.dr[node - 1] = dr;
+      if ((dr >> 8) == 0) s.fc[parent] = node; else s.ns[w.rank[w.prev[i]] + 1] = node;
+    }
+  }
+  __syncthreads();
+  return budget;
+}
+
+// The tree of one request into s: the parallel build, else the serial one on warp 0. All
+// threads of a kTopkThreads CTA call it after stage_build and a barrier.
+template <int F>
+__device__ int build_request(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget) {
+  int n = select_build(sh, s, L, K, budget);
+  if (n >= 0) return n;
+  if (threadIdx.x < 32) {
+    n = fast_build<F>(s, L, K, budget);
+    if (threadIdx.x == 0) sh.count = n;
+  }
+  __syncthreads();
+  return sh.count;
+}
+
 // Node records -> the output tensors of request b; all threads of the CTA call it.
 __device__ void write_tree(const BuildSmem& s, int n, int b, int L, int K, int budget, const int64_t* ids,
                            int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
@@ -1198,14 +1417,9 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __syncthreads();
   long long t1 = clock64();
   mark(tl, kTlStage, t1 - t0);
-  if (threadIdx.x < 32) {
-    const int n = fast_build<F>(s, L, k, budget);
-    if (threadIdx.x == 0) sh.count = n;
-  }
-  __syncthreads();
+  const int n = build_request<F>(sh, s, L, k, budget);
   t0 = clock64();
   mark(tl, kTlBuild, t0 - t1);
-  const int n = sh.count;
   write_tree(s, n, b, L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
   t1 = clock64();
   mark(tl, kTlWrite, t1 - t0);
@@ -1217,9 +1431,9 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   if (tl != nullptr) mark(tl, kTlEnd, global_ns());
 }
 
-// The build alone on the fast path (build_tree op): one warp per request.
+// The build alone on the fast path (build_tree op): one CTA per request (build_request).
 template <int F>
-__global__ void __launch_bounds__(32) fast_build_kernel(const int64_t* __restrict__ ids,
+__global__ void __launch_bounds__(kTopkThreads) fast_build_kernel(const int64_t* __restrict__ ids,
                                                         const float* __restrict__ logprobs, int L, int k, int budget,
                                                         int32_t* __restrict__ num_nodes, int64_t* __restrict__ tokens,
                                                         int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
@@ -1227,11 +1441,12 @@ __global__ void __launch_bounds__(32) fast_build_kernel(const int64_t* __restric
                                                         int32_t* __restrict__ first_child,
                                                         int32_t* __restrict__ next_sibling) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
   const int b = blockIdx.x;
-  const BuildSmem s = carve_build_smem(smem_raw, L, k, budget);
-  stage_build(s, logprobs + int64_t(b) * L * k, L, k, budget, threadIdx.x, 32);
-  __syncwarp();
-  const int n = fast_build<F>(s, L, k, budget);
+  const BuildSmem s = carve_build_smem(smem_raw + align16(sizeof(ChunkShared)), L, k, budget);
+  stage_build(s, logprobs + int64_t(b) * L * k, L, k, budget, threadIdx.x, blockDim.x);
+  __syncthreads();
+  const int n = build_request<F>(sh, s, L, k, budget);
   write_tree(s, n, b, L, k, budget, ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
 }
 
@@ -1401,10 +1616,14 @@ int set_timeline_cuda(void* slots) {
 bool draft_fast_path(int k, int budget) { return k <= kFastMaxK && budget <= kFastMaxBudget; }
 
 // Where each path measured faster on the H200 (kernels/ddtree/README.md): the fused launch for
-// small batches at K, B <= 64 (about one wave of rows); the chunk kernel staged through shared
-// memory with cp.async (3 CTAs per SM) for more rows or a larger K; the register-frontier build
-// up to B = 64 (F <= 2), the shared-memory heap above.
-bool draft_fused_pays(int64_t rows, int k, int budget) { return k <= 64 && budget <= 64 && rows <= 128; }
+// small batches (about one wave of rows: <= 128), for the whole tree at K, B <= 256 (its parallel
+// build made B = 256 faster there too: bs=1 103 against 190 us composed, bs=8 183 against 235),
+// for the top-K alone at K <= 64; the chunk kernel staged through shared memory with cp.async
+// (3 CTAs per SM) for more rows or a larger K; the register-frontier build up to B = 64, the
+// shared-memory heap above.
+bool draft_fused_pays(int64_t rows, int k, int budget) {
+  return rows <= 128 && (budget > 0 ? draft_fast_path(k, budget) : k <= 64);
+}
 inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget <= 64; }
 
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
@@ -1460,7 +1679,8 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
       constexpr int F = decltype(f)::value;
       cudaError_t err = allow_smem_once<fast_build_kernel<F>>();
       if (err != cudaSuccess) return int(err);
-      fast_build_kernel<F><<<bs, 32, fast_build_smem(depth_limit, k, budget), s>>>(
+      const size_t smem = align16(sizeof(ChunkShared)) + fast_build_smem(depth_limit, k, budget);
+      fast_build_kernel<F><<<bs, kTopkThreads, smem, s>>>(
           ids, logprobs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
       return int(cudaGetLastError());
     });
