@@ -473,7 +473,8 @@ def cmd_index(host, args):
     return {"package": host.package, "by_name": {n: sorted(r) for n, r in found.items()}, "paths": paths}
 
 
-def safe_members(tar, staging):
+def safe_members(tar):
+    """The archive's members, refusing absolute paths, `..` and anything but files and dirs."""
     for member in tar:
         name = member.name
         if name.startswith("/") or ".." in name.split("/") or not (member.isfile() or member.isdir()):
@@ -493,7 +494,7 @@ def cmd_apply(host, args, stream):
         try:
             try:
                 with tarfile.open(fileobj=stream, mode="r|") as tar:
-                    for member in safe_members(tar, staging):
+                    for member in safe_members(tar):
                         extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
                         tar.extract(member, staging, set_attrs=False, **extra)
             except (tarfile.TarError, EOFError, OSError) as exc:
