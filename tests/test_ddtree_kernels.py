@@ -163,25 +163,38 @@ def test_tree_build_exact_ties(ext, device, B, K):
         assert_tree_equal(got, b, reference.build_tree(ids[b], lp[b], B), B)
 
 
+def model_case(rng, g, kinds, vocab, bf16_kinds):
+    """A random (L, B, K, kind, log-probs) for the build models: logits over `vocab` ("random",
+    "bf16"; rounded to bf16 for kinds in bf16_kinds), dyadic (exact ties) or flat."""
+    L, B = rng.choice([1, 2, 8, 15]), rng.choice([1, 5, 16, 33, 64, 100, 256])
+    K = rng.choice([1, 2, 3, 8, B])
+    kind = rng.choice(kinds)
+    if kind in ("random", "bf16"):
+        x = torch.randn(L, vocab, generator=g) * 3
+        _, lp, _ = reference.topk_logprobs(x.to(torch.bfloat16) if kind in bf16_kinds else x, K)
+    elif kind == "dyadic":
+        lp, _ = torch.sort(-(torch.randint(0, 6, (L, K), generator=g).float() * 0.25), dim=-1, descending=True)
+    else:
+        lp = torch.full((L, K), -2.0)
+    return L, B, K, kind, lp
+
+
+def assert_model_tree(got, lp, budget, context):
+    """A model's (depth, rank, parent) list equals the reference heap's tree on lp."""
+    L, K = lp.shape
+    want = reference.build_tree(torch.zeros(L, K, dtype=torch.long), lp, budget)
+    assert [(d, r) for d, r, _ in got] == list(zip(want.depths, want.ranks)), context
+    assert [-1] + [p for _, _, p in got] == want.parents, context
+
+
 def test_register_frontier_model_matches_reference():
     """The CUDA build's algorithm (frontier_model.py mirrors fast_build) on random, tied and flat
     log-probs, B up to 256: same nodes, same order as the reference heap."""
     from kernels.ddtree import frontier_model
     rng, g = random.Random(11), torch.Generator().manual_seed(11)
     for _ in range(60):
-        L, B = rng.choice([1, 2, 8, 15]), rng.choice([1, 5, 16, 33, 64, 100, 256])
-        K = rng.choice([1, 2, 3, 8, B])
-        kind = rng.choice(["random", "dyadic", "flat"])
-        if kind == "random":
-            _, lp, _ = reference.topk_logprobs((torch.randn(L, 1000, generator=g) * 3).to(torch.bfloat16), K)
-        elif kind == "dyadic":
-            lp, _ = torch.sort(-(torch.randint(0, 6, (L, K), generator=g).float() * 0.25), dim=-1, descending=True)
-        else:
-            lp = torch.full((L, K), -2.0)
-        want = reference.build_tree(torch.zeros(L, K, dtype=torch.long), lp, B)
-        got = frontier_model.build(lp.numpy().astype(np.float32), B)
-        assert [(d, r) for d, r, _ in got] == list(zip(want.depths, want.ranks)), (L, B, K, kind)
-        assert [-1] + [p for _, _, p in got] == want.parents
+        L, B, K, kind, lp = model_case(rng, g, ["random", "dyadic", "flat"], 1000, ("random",))
+        assert_model_tree(frontier_model.build(lp.numpy().astype(np.float32), B), lp, B, (L, B, K, kind))
 
 
 def test_parallel_build_model_matches_reference():
@@ -195,23 +208,12 @@ def test_parallel_build_model_matches_reference():
     rng, g = random.Random(5), torch.Generator().manual_seed(5)
     used = 0
     for _ in range(150):
-        L, B = rng.choice([1, 2, 8, 15]), rng.choice([1, 5, 16, 33, 64, 100, 256])
-        K = rng.choice([1, 2, 3, 8, B])
-        kind = rng.choice(["random", "dyadic", "flat", "bf16"])
-        if kind in ("random", "bf16"):
-            x = torch.randn(L, 3000, generator=g) * 3
-            _, lp, _ = reference.topk_logprobs(x.to(torch.bfloat16) if kind == "bf16" else x, K)
-        elif kind == "dyadic":
-            lp, _ = torch.sort(-(torch.randint(0, 6, (L, K), generator=g).float() * 0.25), dim=-1, descending=True)
-        else:
-            lp = torch.full((L, K), -2.0)
+        L, B, K, kind, lp = model_case(rng, g, ["random", "dyadic", "flat", "bf16"], 3000, ("bf16",))
         got = frontier_model.select_build(lp.numpy().astype(np.float32), B)
         if got is None:
             continue
         used += 1
-        want = reference.build_tree(torch.zeros(L, K, dtype=torch.long), lp, B)
-        assert [(d, r) for d, r, _ in got] == list(zip(want.depths, want.ranks)), (L, B, K, kind)
-        assert [-1] + [p for _, _, p in got] == want.parents
+        assert_model_tree(got, lp, B, (L, B, K, kind))
     assert used >= 50, used
     for scale, peak in ((3.0, 0.0), (1.0, 0.0), (2.0, 12.0)):
         for seed in range(4):
@@ -220,8 +222,7 @@ def test_parallel_build_model_matches_reference():
             _, lp, _ = reference.topk_logprobs(x.to(torch.bfloat16), 64)
             got = frontier_model.select_build(lp.numpy().astype(np.float32), 64)
             assert got is not None, (scale, peak, seed)
-            want = reference.build_tree(torch.zeros(15, 64, dtype=torch.long), lp, 64)
-            assert [-1] + [p for _, _, p in got] == want.parents
+            assert_model_tree(got, lp, 64, (scale, peak, seed))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -280,7 +281,8 @@ def test_fused_draft_tree(ext, bs, L, V, B, kind, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the composed CUDA path")
 def test_composed_draft_tree_many_rows(ext):
-    """bs=10, L=15 (150 rows): the chunk top-K, then the register-frontier build, in a graph."""
+    """bs=10, L=15 (150 rows): the chunk top-K, then the standalone build (parallel, serial
+    behind it), in a graph."""
     bs, L, V, B = 10, 15, 151936, 64
     static = make_logits(bs, L, V, "random", seed=3, dtype=torch.bfloat16).cuda()
     graph = torch.cuda.CUDAGraph()

@@ -253,7 +253,7 @@ void compact_kv(at::Tensor& cache, const at::Tensor& slot_base, const at::Tensor
 
 }  // namespace
 
-// Probe only (kernels/ddtree/probe.py --timeline): later fused launches record phase times into
+// Probe only (kernels/ddtree/probe.py, its phase table): later fused launches record phase times into
 // `slots` (int64 [16] on the GPU; the probe presets and reads it), None stops it.
 void set_timeline(const c10::optional<at::Tensor>& slots) {
   if (!slots.has_value()) {
