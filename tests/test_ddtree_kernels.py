@@ -119,9 +119,10 @@ def test_topk_signed_zeros_tie_by_token_id(ext, device, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", ["random", "ties", "flat", "masked"])
 def test_topk_many_rows(ext, dtype, kind):
-    """Past the fused launch's 128 rows (the cp.async chunk kernel and the merge kernel): exact ids
-    (ties by token id, -inf entries by id when fewer than K are finite), unaligned rows included."""
-    for V, k in ((32, 32), (4099, 17), (151937, 64), (151936, 1)):
+    """Past the fused launch's 128 rows (the streaming kernel for aligned rows, the cp.async chunk
+    kernel for the rest, then the merge kernel): exact ids (ties by token id, -inf entries by id
+    when fewer than K are finite), unaligned rows included."""
+    for V, k in ((32, 32), (4099, 17), (151937, 64), (151936, 1), (151936, 64), (2048, 256)):
         if kind == "masked":  # 10 finite logits a row, the rest -inf
             g = torch.Generator().manual_seed(V)
             logits = torch.full((3, 50, V), float("-inf"))

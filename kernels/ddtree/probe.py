@@ -7,6 +7,7 @@ fused launch spends its time (phase timestamps the kernel records when asked: ex
 from __future__ import annotations
 
 import statistics
+import sys
 
 import torch
 
@@ -18,6 +19,7 @@ PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the fir
     ("last CTA start", 1, "ns"), ("first chunk done", 10, "ns"), ("last chunk done", 2, "ns"),
     ("last row merged", 3, "ns"), ("kernel end", 4, "ns"), ("row merge", 5, "cyc"),
     ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
+    ("  comb", 11, "cyc"), ("  comb select", 12, "cyc"), ("  gather E", 13, "cyc"), ("  rank+records", 14, "cyc"),
 ]
 
 
@@ -42,8 +44,21 @@ def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
     return {label: statistics.median(vals) for label, vals in samples.items()}
 
 
+def topk_only(ext) -> None:
+    """Top-K graph times for the many-row path (the kernel's DDTREE_TOPK / DDTREE_STREAM_SPLITS
+    environment picks the variant, read once per process)."""
+    for bs in (32, 64):
+        x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
+        for k in (64, 256):
+            t = graph_us(lambda: ext.topk_lse(x, k), 100)
+            print(f"topk bs={bs:2d} K={k:4d}: {t:7.1f} us", flush=True)
+
+
 def main() -> None:
     ext = load()
+    if "--topk" in sys.argv:
+        topk_only(ext)
+        return
     for bs in (1, 8, 32, 64):
         x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
         for k in (64, 256):

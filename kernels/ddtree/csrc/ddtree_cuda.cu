@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <type_traits>
 
@@ -169,19 +171,37 @@ __device__ __forceinline__ int next_pow2(int n) {
   return p;
 }
 
+// Ranks n distinct keys a[0..n) (ascending = better) by counting: emit(key, number of better
+// keys) for each. `parts` lanes share a key, each counting a slice of a, so that ~100 keys keep
+// the CTA busy instead of ~100 threads looping over all of them (the others idle). Lanes of a
+// slice group read neighbouring keys (no bank conflicts), a group's keys are broadcasts. All
+// threads of the CTA call it.
+template <typename Emit>
+__device__ void rank_by_count(const unsigned long long* a, int n, Emit emit) {
+  int parts = 1;
+  while (parts < 8 && n * parts * 2 <= int(blockDim.x)) parts <<= 1;
+  const int per_pass = int(blockDim.x) / parts;
+  for (int base = 0; base < n; base += per_pass) {  // the same trip count for every thread
+    const int i = base + int(threadIdx.x) / parts, part = int(threadIdx.x) % parts;
+    unsigned long long mine = 0;
+    int rank = 0;
+    if (i < n) {
+      mine = a[i];
+      for (int j = part; j < n; j += parts) rank += a[j] < mine;
+    }
+    for (int off = 1; off < parts; off <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, off);
+    if (i < n && part == 0) emit(mine, rank);
+  }
+}
+
 // Ranks the `count` (<= kCandCap) candidates in sh.cand by (value desc, index asc) and writes
 // the best kk to out[0..k), padding with ~0. All threads call it.
 __device__ void write_ranked(ChunkShared& sh, int count, int kk, int k, unsigned long long* out) {
   const int tid = threadIdx.x;
-  if (count <= kRankByCount) {
-    // Few candidates: each one's rank is the number of better ones (keys are distinct, and all
-    // threads read the same candidate at once: a broadcast, no bank conflicts). No sort stages.
-    for (int c = tid; c < count; c += blockDim.x) {
-      const unsigned long long mine = sh.cand[c];
-      int rank = 0;
-      for (int j = 0; j < count; ++j) rank += sh.cand[j] < mine;
-      if (rank < kk) out[rank] = mine;
-    }
+  if (count <= kRankByCount) {  // few candidates: no sort stages
+    rank_by_count(sh.cand, count, [&](unsigned long long c, int rank) {
+      if (rank < kk) out[rank] = c;
+    });
     for (int r = kk + tid; r < k; r += blockDim.x) out[r] = ~0ull;
     return;
   }
@@ -403,12 +423,7 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
     }
   };
   if (count <= cap) {
-    for (int i = threadIdx.x; i < count; i += blockDim.x) {
-      const unsigned long long c = pass[i];
-      int rank = 0;
-      for (int j = 0; j < count; ++j) rank += pass[j] < c;
-      emit(c, rank);
-    }
+    rank_by_count(pass, count, emit);
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
       const unsigned long long c = buf[i];
@@ -855,6 +870,264 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
   }
 }
 
+// ---- top-K for many rows: one streaming pass per (row, split)
+//
+// The chunk kernel stages 48 KB, then runs its barrier stages with no load in flight: at bs=64
+// it read at ~1.5 TB/s of the ~4 the copy engine reaches. Here each thread streams its own
+// 16-byte vectors through a private cp.async ring in shared memory — three steps of two vectors
+// in flight per thread, no barrier, since a thread reads back only what it copied — keeping a
+// running max and sum of exp. Candidates are the elements >= tau, a lower bound of the item's
+// K-th largest that rises as the stream goes: each warp publishes the q-th largest (q = ceil(K
+// / warps)) of its lanes' running maxima, i.e. q distinct elements at least that large, and tau
+// is the smallest published bound, so K elements already seen are >= tau. An element below tau
+// cannot make the top K; equal ones are kept (ties go by token id). Publishing needs no barrier:
+// a warp's bound only rises, and a stale one is still a bound. At the end the candidates below
+// the final tau are dropped and the rest ranked by counting; if ties flood the buffer (flat
+// logits) the exact radix path reads the item again.
+constexpr int kStreamThreads = 512;
+constexpr int kStreamWarps = kStreamThreads / 32;
+constexpr int kStreamVecs = 2;        // 16-byte vectors per thread and step (one commit group)
+constexpr int kStreamDepth = 4;       // ring steps per thread (a power of two): 64 KB a CTA
+constexpr int kStreamCtasPerSm = 2;   // 2 x (64 KB ring + ChunkShared): ~96 KB in flight per SM
+// q = ceil(K / 16) lane maxima per warp: at K = 256 (q = 16, the warp's median) the bound let
+// ~10x too many candidates through (bs=64 top-K 1.5 ms); K = 64 (q = 4) measured well.
+constexpr int kStreamMaxK = 64;
+constexpr int kStreamRingBytes = kStreamThreads * kStreamDepth * kStreamVecs * 16;
+static_assert((kStreamDepth & (kStreamDepth - 1)) == 0, "ring index by mask");
+
+// Element j's key (the order-preserving key of `composite`) of a 16-byte vector of T.
+template <typename T>
+__device__ __forceinline__ uint32_t vec_key(const uint4& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    return KeyTraits<float>::key(vec_elem<float>(r, j));
+  } else {
+    const int q = j >> 1;
+    const uint32_t w = q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w;
+    return key16((j & 1) ? (w >> 16) : (w & 0xFFFFu));
+  }
+}
+
+// The largest value of a 16-byte vector of T: 16-bit types by packed pair maxima (exact).
+template <typename T>
+__device__ __forceinline__ float vec_max(const uint4& r) {
+  if constexpr (sizeof(T) == 4) {
+    return fmaxf(fmaxf(__uint_as_float(r.x), __uint_as_float(r.y)), fmaxf(__uint_as_float(r.z), __uint_as_float(r.w)));
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    auto pair = [](uint32_t w) { T2 p; memcpy(&p, &w, 4); return p; };
+    const T2 m2 = __hmax2(__hmax2(pair(r.x), pair(r.y)), __hmax2(pair(r.z), pair(r.w)));
+    return fmaxf(__low2float(m2), __high2float(m2));
+  }
+}
+
+// The q-th largest (1-based) of the warp's 32 values, to every lane: a bitonic sort by shuffles.
+__device__ __forceinline__ float warp_qth_largest(float v, int q) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      const float other = __shfl_xor_sync(kFull, v, stride);
+      const bool desc = (lane & size) == 0 || size == 32;
+      const bool lower = (lane & stride) == 0;
+      v = (lower == desc) ? fmaxf(v, other) : fminf(v, other);
+    }
+  }
+  return __shfl_sync(kFull, v, q - 1);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
+    topk_stream_kernel(const T* __restrict__ logits, int64_t vocab, int chunk, int splits, int k,
+                       unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats) {
+  using Traits = KeyTraits<T>;
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr int kPerStep = kStreamVecs * kStreamThreads;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // ring[(step slot * kStreamVecs + u) * T + tid]: each vector's 512 copies are contiguous, so
+  // the copies and the reads back are conflict-free and every copy instruction is coalesced.
+  uint4* ring = reinterpret_cast<uint4*>(smem_raw + align16(sizeof(ChunkShared))) + tid;
+  volatile float* bound = reinterpret_cast<float*>(sh.tmax);  // [kStreamWarps]
+  const int64_t row = blockIdx.y;
+  const int split = blockIdx.x;
+  const int64_t start = int64_t(split) * chunk;
+  const int len = int(min(int64_t(chunk), vocab - start));
+  const T* x = logits + row * vocab + start;
+  const uint4* xv = reinterpret_cast<const uint4*>(x) + tid;
+  const int nvec = len / kVec;  // the launcher sends items of whole, 16-byte aligned vectors only
+  const int steps = (nvec + kPerStep - 1) / kPerStep;
+  const int kk = min(k, len);
+  const int q = (kk + kStreamWarps - 1) / kStreamWarps;
+
+  // One commit group per step (empty past the last), so wait_group counts steps. Vector u of
+  // step i is vector (i * kStreamVecs + u) * T + tid of the item. Steps are issued in order:
+  // the source pointer and the count of this thread's vectors left just advance (the SASS
+  // recomputed a 64-bit address per copy from the step index).
+  const uint4* src = xv;
+  int left = nvec - tid;  // this thread's vectors not yet issued: those at src + u * T, u * T < left
+  auto issue = [&](int i) {
+    const unsigned dst = unsigned(__cvta_generic_to_shared(ring + (i & (kStreamDepth - 1)) * kPerStep));
+#pragma unroll
+    for (int u = 0; u < kStreamVecs; ++u) {
+      if (u * kStreamThreads < left)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + u * kStreamThreads * 16),
+                     "l"(src + u * kStreamThreads) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    src += kPerStep;
+    left -= kPerStep;
+  };
+  // Step i's vectors once they landed. The copies issued first go into the slot step i - 1
+  // came from, whose values the previous step has already used.
+  auto next = [&](int i, uint4 (&raw)[kStreamVecs]) {
+    issue(i + kStreamDepth - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStreamDepth - 1) : "memory");
+#pragma unroll
+    for (int u = 0; u < kStreamVecs; ++u) raw[u] = ring[((i & (kStreamDepth - 1)) * kStreamVecs + u) * kStreamThreads];
+  };
+  float m = -INFINITY, s = 0.f;  // running max; sum of exp relative to it
+  auto absorb = [&](const uint4& raw) {  // returns the vector's max
+    const float vm = vec_max<T>(raw);
+    if (vm > m) {  // rare once the stream is under way; s is 0 while m is -inf
+      s *= ex2_approx((m - vm) * kLog2e);
+      m = vm;
+    }
+    if (m != -INFINITY) {
+      const float shift = m * kLog2e;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += ex2_approx(fmaf(vec_elem<T>(raw, j), kLog2e, -shift));
+    }
+    return vm;
+  };
+  // The vector's elements >= tau, with one atomic for all of them. (An atomic per element made
+  // the compiler aggregate each of the 8 over the warp.)
+  auto take = [&](const uint4& raw, int v, float tau) {
+    uint32_t hits = 0;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) hits |= uint32_t(vec_elem<T>(raw, j) >= tau) << j;
+    int slot = atomicAdd(&sh.count, __popc(hits));
+    const int64_t first = start + int64_t(v) * kVec;
+    for (; hits != 0; hits &= hits - 1, ++slot) {
+      const int j = __ffs(hits) - 1;
+      if (slot < kCandCap) sh.cand[slot] = composite(vec_key<T>(raw, j), first + j);
+    }
+  };
+  auto publish = [&] {
+    const float b = warp_qth_largest(m, q);
+    if (lane == 0) bound[warp] = b;
+  };
+  auto current_tau = [&] {
+    float t = lane < kStreamWarps ? bound[lane] : INFINITY;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) t = fminf(t, __shfl_xor_sync(kFull, t, off));
+    return t;
+  };
+
+  if (tid == 0) sh.count = 0;
+#pragma unroll
+  for (int i = 0; i < kStreamDepth - 1; ++i) issue(i);
+  // The first step sets the first bound (one barrier) before any candidate is taken.
+  uint4 raw[kStreamVecs];
+  float vmax[kStreamVecs];
+  if (steps > 0) next(0, raw);
+#pragma unroll
+  for (int u = 0; u < kStreamVecs; ++u) vmax[u] = u * kStreamThreads + tid < nvec ? absorb(raw[u]) : -INFINITY;
+  publish();
+  __syncthreads();
+  float tau = current_tau();
+#pragma unroll
+  for (int u = 0; u < kStreamVecs; ++u)
+    if (u * kStreamThreads + tid < nvec && vmax[u] >= tau) take(raw[u], u * kStreamThreads + tid, tau);
+  // Then the bound is raised after 2, 3, 4, 6, 9, 13, ... steps (each window adds about half
+  // the candidates the last bound let through).
+  int refresh = 2;
+  for (int i = 1; i < steps; ++i) {
+    next(i, raw);
+#pragma unroll
+    for (int u = 0; u < kStreamVecs; ++u) {
+      const int v = (i * kStreamVecs + u) * kStreamThreads + tid;
+      if (v < nvec && absorb(raw[u]) >= tau) take(raw[u], v, tau);
+    }
+    if (i + 1 == refresh) {
+      publish();
+      tau = current_tau();
+      refresh += max(1, refresh / 2);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  publish();
+  // (max, sum of exp) of the item: warp, then CTA.
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float mo = __shfl_xor_sync(kFull, m, off), so = __shfl_xor_sync(kFull, s, off);
+    const float mm = fmaxf(m, mo);
+    s = mm == -INFINITY ? 0.f : s * ex2_approx((m - mm) * kLog2e) + so * ex2_approx((mo - mm) * kLog2e);
+    m = mm;
+  }
+  if (lane == 0) { sh.red[warp] = m; sh.redk[warp] = __float_as_uint(s); }
+  __syncthreads();
+  const float tau_final = current_tau();
+  if (tid == 0) {
+    float mm = -INFINITY, total = 0.f;
+    for (int w = 0; w < kStreamWarps; ++w) mm = fmaxf(mm, sh.red[w]);
+    if (mm != -INFINITY)
+      for (int w = 0; w < kStreamWarps; ++w) total += __uint_as_float(sh.redk[w]) * ex2_approx((sh.red[w] - mm) * kLog2e);
+    ws_stats[row * splits + split] = make_float2(mm, total);
+  }
+  const int count = sh.count;
+  unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
+  if (count > kCandCap) {  // flat logits: the bound never rose
+    exact_topk<Traits::kBits>(sh, len, kk, k, start, [&](int i) { return Traits::key(x[i]); }, out);
+    return;
+  }
+  // Drop what the final bound rules out, then rank the rest.
+  constexpr int kPer = kCandCap / kStreamThreads;
+  constexpr uint32_t kKeyMask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
+  unsigned long long keep[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int c = tid + u * kStreamThreads;
+    keep[u] = c < count ? sh.cand[c] : ~0ull;
+  }
+  __syncthreads();
+  if (tid == 0) sh.count = 0;
+  __syncthreads();
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    if (keep[u] != ~0ull && Traits::value(~uint32_t(keep[u] >> 32) & kKeyMask) >= tau_final)
+      sh.cand[atomicAdd(&sh.count, 1)] = keep[u];
+  }
+  __syncthreads();
+  write_ranked(sh, sh.count, kk, k, out);
+}
+
+// Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
+// records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
+// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
+// done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] row merge, [6] build
+// staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
+// comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records (SM cycles,
+// the largest over CTAs).
+enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
+                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank };
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 of the CTA records: slots that keep a first time take the minimum, the rest the maximum.
+__device__ __forceinline__ void mark(unsigned long long* tl, int slot, unsigned long long value) {
+  if (tl == nullptr || threadIdx.x != 0) return;
+  if (slot == kTlStart || slot == kTlFirstChunk) atomicMin(tl + slot, value);
+  else atomicMax(tl + slot, value);
+}
+
+unsigned long long* g_timeline = nullptr;  // host side: passed to each fused launch
+
 // ---- the tree build of the fused path: one warp, the frontier in registers.
 //
 // The frontier holds, for every popped node p (and the root, p = 0), the entry of p's next
@@ -1216,40 +1489,77 @@ __device__ void gather_nodes(const float* lp, const SelectSmem& w, int L, int K,
 
 // All threads of a kTopkThreads CTA call it, after stage_build. Returns the node count (records
 // written to s) or -1: fall back to fast_build (nothing written then).
-__device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget) {
+__device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget,
+                            unsigned long long* tl) {
   const int tid = threadIdx.x;
   const float* lp = s.lp;
   const SelectSmem& w = s.sel;
   const int M = min(K, budget);
   if (L * M < budget) return -1;
-  if (tid < L) {  // the comb: depth tid + 1's chain node and its siblings
+  long long t0 = clock64();
+  // The comb: row d is depth d + 1's chain node and its siblings, one sequential chain (the
+  // reference's rounding) on lane 0 of warp d. (Lanes 0..14 of one warp took 4.4 us at B=64:
+  // rows K floats apart put every load and store of the 15 lanes in one bank.) Log-probs are
+  // read 8 ahead: a store to the comb would otherwise hold back the next step's loads.
+  if ((tid & 31) == 0 && (tid >> 5) < L) {
+    const int d = tid >> 5;
     float m = lp[0];
-    for (int j = 1; j <= tid; ++j) m = __fadd_rn(m, lp[j * K]);
-    float* out = w.comb + tid * M;
-    const float* row = lp + tid * K;
+    for (int j = 1; j <= d; ++j) m = __fadd_rn(m, lp[j * K]);
+    float* out = w.comb + d * M;
+    const float* row = lp + d * K;
     out[0] = m;
-    for (int r = 1; r < M; ++r) {
-      m = sibling_score(m, row[r - 1], row[r]);
-      out[r] = m;
+    float prev = row[0];
+    for (int base = 1; base < M; base += 8) {
+      float ahead[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) ahead[u] = base + u < M ? row[base + u] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (base + u < M) {
+          m = sibling_score(m, prev, ahead[u]);
+          prev = ahead[u];
+          out[base + u] = m;
+        }
+      }
     }
   }
   __syncthreads();
+  long long t1 = clock64();
+  mark(tl, kTlComb, t1 - t0);
   const uint32_t kth = radix_kth<32>(sh, reinterpret_cast<uint32_t*>(sh.cand), L * M, budget,
                                      [&](int i) { return KeyTraits<float>::key(w.comb[i]); });
   const float tau = KeyTraits<float>::value(kth);
   if (!(tau > -INFINITY && tau < INFINITY)) return -1;
+  t0 = clock64();
+  mark(tl, kTlRadix, t0 - t1);
   if (tid < 32) gather_nodes(lp, w, L, K, M, tau);
   __syncthreads();
+  t1 = clock64();
+  mark(tl, kTlGather, t1 - t0);
   const int n_e = w.flags[0];
   if (n_e < budget) return -1;
-  for (int i = tid; i < n_e; i += blockDim.x) {
-    const float si = w.score[i];
+  // Position by (score desc, rank tuple asc): 4 lanes per node, each counting a quarter of E;
+  // rank tuples are compared only where scores tie (measured 6.9 us for this stage at B=64 with
+  // one thread per node looping over all of E).
+  constexpr int kParts = 4;
+  for (int base = 0; base < n_e; base += kTopkThreads / kParts) {  // the same trip count everywhere
+    const int i = base + tid / kParts, part = tid % kParts;
     int pos = 0;
-    for (int j = 0; j < n_e; ++j) {
-      const float sj = w.score[j];
-      pos += sj > si || (sj == si && rank_key_less(w.key[j], w.key[i]));
+    if (i < n_e) {
+      const float si = w.score[i];
+      bool tie = false;
+      for (int j = part; j < n_e; j += kParts) {
+        const float sj = w.score[j];
+        pos += sj > si;
+        tie |= sj == si && j != i;
+      }
+      if (tie) {
+        for (int j = part; j < n_e; j += kParts) pos += j != i && w.score[j] == si && rank_key_less(w.key[j], w.key[i]);
+      }
     }
-    w.rank[i] = pos;
+#pragma unroll
+    for (int off = 1; off < kParts; off <<= 1) pos += __shfl_xor_sync(kFull, pos, off);
+    if (i < n_e && part == 0) w.rank[i] = pos;
   }
   __syncthreads();
   for (int i = tid; i < n_e; i += blockDim.x) {
@@ -1271,14 +1581,16 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
     }
   }
   __syncthreads();
+  mark(tl, kTlRank, clock64() - t1);
   return budget;
 }
 
 // The tree of one request into s: the parallel build, else the serial one on warp 0. All
 // threads of a kTopkThreads CTA call it after stage_build and a barrier.
 template <int F>
-__device__ int build_request(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget) {
-  int n = select_build(sh, s, L, K, budget);
+__device__ int build_request(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget,
+                             unsigned long long* tl = nullptr) {
+  int n = select_build(sh, s, L, K, budget, tl);
   if (n >= 0) return n;
   if (threadIdx.x < 32) {
     n = fast_build<F>(s, L, K, budget);
@@ -1337,28 +1649,6 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
   }
 }
 
-// Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
-// records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
-// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
-// done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] row merge, [6] build
-// staging, [7] tree build, [8] tree write, [9] mask write (SM cycles, the largest over CTAs).
-enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
-                    kTlMask, kTlFirstChunk };
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// Thread 0 of the CTA records: slots that keep a first time take the minimum, the rest the maximum.
-__device__ __forceinline__ void mark(unsigned long long* tl, int slot, unsigned long long value) {
-  if (tl == nullptr || threadIdx.x != 0) return;
-  if (slot == kTlStart || slot == kTlFirstChunk) atomicMin(tl + slot, value);
-  else atomicMax(tl + slot, value);
-}
-
-unsigned long long* g_timeline = nullptr;  // host side: passed to each fused launch
 
 template <typename T, int F>
 __global__ void __launch_bounds__(kDraftThreads, 2)
@@ -1417,7 +1707,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __syncthreads();
   long long t1 = clock64();
   mark(tl, kTlStage, t1 - t0);
-  const int n = build_request<F>(sh, s, L, k, budget);
+  const int n = build_request<F>(sh, s, L, k, budget, tl);
   t0 = clock64();
   mark(tl, kTlBuild, t0 - t1);
   write_tree(s, n, b, L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
@@ -1588,6 +1878,61 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
   return cudaGetLastError();
 }
 
+// The streaming top-K takes rows of whole 16-byte vectors that start 16-byte aligned.
+inline bool stream_fits(const void* logits, int64_t vocab, int k, int elem_bytes) {
+  return k <= kStreamMaxK && reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab * elem_bytes % 16 == 0;
+}
+
+// Whole rows as items once they fill the resident CTAs (splitting bs=32's 480 rows in two took
+// 97 against 76 us, bs=64's 960 178 against 142); fewer rows are split until they do.
+// DDTREE_STREAM_SPLITS overrides (tuning).
+inline TopkPlan stream_plan(int64_t rows, int64_t vocab, int k, int sms) {
+  const int64_t want = int64_t(sms) * kStreamCtasPerSm;
+  int64_t splits = (want + rows - 1) / rows;
+  static const int forced = [] {
+    const char* v = std::getenv("DDTREE_STREAM_SPLITS");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) splits = forced;
+  const int64_t max_splits = kMergeMax / k;
+  if (splits > max_splits) splits = max_splits;
+  int64_t chunk = (vocab + splits - 1) / splits;
+  if (chunk < k) chunk = k;
+  chunk = (chunk + 15) / 16 * 16;  // whole vectors for every dtype
+  splits = (vocab + chunk - 1) / chunk;
+  return TopkPlan{int(splits), int(chunk)};
+}
+
+template <typename T>
+int launch_topk_stream(const void* logits, int64_t rows, int64_t vocab, int k, int64_t* ids, float* lp, float* lse,
+                       void* workspace, cudaStream_t stream) {
+  const TopkPlan plan = stream_plan(rows, vocab, k, sm_count());
+  auto* ws_cand = static_cast<unsigned long long*>(workspace);
+  auto* ws_stats = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  const size_t smem = align16(sizeof(ChunkShared)) + kStreamRingBytes;
+  cudaError_t err = allow_smem_once<topk_stream_kernel<T>>();
+  if (err != cudaSuccess) return err;
+  topk_stream_kernel<T><<<dim3(unsigned(plan.splits), unsigned(rows)), kStreamThreads, smem, stream>>>(
+      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const size_t merge_smem = (size_t(plan.splits) * k + kMergeCap) * sizeof(unsigned long long);
+  err = allow_smem_once<topk_merge_kernel<T>>();
+  if (err != cudaSuccess) return err;
+  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_stats, plan.splits, k,
+                                                                                   ids, lp, lse);
+  return cudaGetLastError();
+}
+
+// Which top-K runs for many rows: DDTREE_TOPK=chunk forces the staged chunk kernel (tuning).
+inline bool stream_wanted() {
+  static const bool chunk = [] {
+    const char* v = std::getenv("DDTREE_TOPK");
+    return v != nullptr && std::strcmp(v, "chunk") == 0;
+  }();
+  return !chunk;
+}
+
 // Frontier entries per lane: the smallest of 1, 2, 4, 8 with 32 F >= budget.
 template <typename Fn>
 int with_frontier(int budget, Fn fn) {
@@ -1634,8 +1979,11 @@ int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int6
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
   if (draft_fused_pays(rows, k, 0)) return draft_workspace_bytes(dtype, rows, 1, vocab, k, 0);
   const int elem = dtype == DType::kFloat32 ? 4 : 2;
+  // Either kernel may run (the streaming one needs aligned logits, unknown here): room for both.
   const TopkPlan plan = topk_plan(rows, vocab, k, elem, sm_count());
-  return rows * plan.splits * (int64_t(k) * 8 + 8);
+  const TopkPlan stream = stream_plan(rows, vocab, k, sm_count());
+  const int64_t splits = plan.splits > stream.splits ? plan.splits : stream.splits;
+  return rows * splits * (int64_t(k) * 8 + 8);
 }
 
 int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, int k, int64_t* ids,
@@ -1648,6 +1996,8 @@ int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, 
       return launch_draft<T, 1>(logits, int(rows), 1, vocab, k, 0, ids, logprobs, lse, nullptr, nullptr, nullptr,
                                 nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, workspace, s);
     }
+    if (stream_wanted() && stream_fits(logits, vocab, k, sizeof(T)))
+      return launch_topk_stream<T>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
     return launch_topk<T>(logits, rows, vocab, k, ids, logprobs, lse, workspace, s);
   });
 }
