@@ -876,14 +876,15 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
 // it read at ~1.5 TB/s of the ~4 the copy engine reaches. Here each thread streams its own
 // 16-byte vectors through a private cp.async ring in shared memory — three steps of two vectors
 // in flight per thread, no barrier, since a thread reads back only what it copied — keeping a
-// running max and sum of exp. Candidates are the elements >= tau, a lower bound of the item's
-// K-th largest that rises as the stream goes: each warp publishes the q-th largest (q = ceil(K
-// / warps)) of its lanes' running maxima, i.e. q distinct elements at least that large, and tau
-// is the smallest published bound, so K elements already seen are >= tau. An element below tau
-// cannot make the top K; equal ones are kept (ties go by token id). Publishing needs no barrier:
-// a warp's bound only rises, and a stale one is still a bound. At the end the candidates below
-// the final tau are dropped and the rest ranked by counting; if ties flood the buffer (flat
-// logits) the exact radix path reads the item again.
+// running max and sum of exp. Candidates: a vector holding an element >= tau is staged (its
+// number), where tau, a lower bound of the item's K-th largest, rises as the stream goes: each
+// warp publishes the q-th largest (q = ceil(K / warps)) of its lanes' running maxima, i.e. q
+// distinct elements at least that large, and tau is the smallest published bound, so K elements
+// already seen are >= tau. An element below tau cannot make the top K; equal ones are kept (ties
+// go by token id). Publishing needs no barrier: a warp's bound only rises, and a stale one is
+// still a bound. At the end the staged vectors are read again, their elements below the final
+// tau dropped and the rest ranked by counting; if ties flood the buffers (flat logits) the exact
+// radix path reads the item again.
 constexpr int kStreamThreads = 512;
 constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kStreamVecs = 2;        // 16-byte vectors per thread and step (one commit group)
@@ -892,7 +893,9 @@ constexpr int kStreamCtasPerSm = 2;   // 2 x (64 KB ring + ChunkShared): ~96 KB 
 // q = ceil(K / 16) lane maxima per warp: at K = 256 (q = 16, the warp's median) the bound let
 // ~10x too many candidates through (bs=64 top-K 1.5 ms); K = 64 (q = 4) measured well.
 constexpr int kStreamMaxK = 64;
+constexpr int kStreamStaged = 4096;  // candidate vectors' numbers, in ChunkShared::cand
 constexpr int kStreamRingBytes = kStreamThreads * kStreamDepth * kStreamVecs * 16;
+static_assert(kStreamStaged * 4 <= kCandCap * 8, "staged numbers live in ChunkShared::cand");
 static_assert((kStreamDepth & (kStreamDepth - 1)) == 0, "ring index by mask");
 
 // Element j's key (the order-preserving key of `composite`) of a 16-byte vector of T.
@@ -920,20 +923,17 @@ __device__ __forceinline__ float vec_max(const uint4& r) {
   }
 }
 
-// The q-th largest (1-based) of the warp's 32 values, to every lane: a bitonic sort by shuffles.
+// The q-th largest (1-based) of the warp's 32 values, to every lane: up to q rounds of a
+// hardware max over order-preserving keys, each taking out the lanes that hold it (~30
+// instructions at q = 4, against ~100 for a shuffle sort).
 __device__ __forceinline__ float warp_qth_largest(float v, int q) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const float other = __shfl_xor_sync(kFull, v, stride);
-      const bool desc = (lane & size) == 0 || size == 32;
-      const bool lower = (lane & stride) == 0;
-      v = (lower == desc) ? fmaxf(v, other) : fminf(v, other);
-    }
+  uint32_t key = KeyTraits<float>::key(v);
+  for (int seen = 0;;) {
+    const uint32_t top = __reduce_max_sync(kFull, key);
+    seen += __popc(__ballot_sync(kFull, key == top));
+    if (seen >= q) return KeyTraits<float>::value(top);  // each round takes out >= 1 lane
+    if (key == top) key = 0u;  // below every float's key
   }
-  return __shfl_sync(kFull, v, q - 1);
 }
 
 template <typename T>
@@ -949,6 +949,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   // ring[(step slot * kStreamVecs + u) * T + tid]: each vector's 512 copies are contiguous, so
   // the copies and the reads back are conflict-free and every copy instruction is coalesced.
   uint4* ring = reinterpret_cast<uint4*>(smem_raw + align16(sizeof(ChunkShared))) + tid;
+  int* staged_at = reinterpret_cast<int*>(sh.cand);  // candidate vectors' numbers, until the end
   volatile float* bound = reinterpret_cast<float*>(sh.tmax);  // [kStreamWarps]
   const int64_t row = blockIdx.y;
   const int split = blockIdx.x;
@@ -1001,18 +1002,15 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
     }
     return vm;
   };
-  // The vector's elements >= tau, with one atomic for all of them. (An atomic per element made
-  // the compiler aggregate each of the 8 over the warp.)
-  auto take = [&](const uint4& raw, int v, float tau) {
-    uint32_t hits = 0;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) hits |= uint32_t(vec_elem<T>(raw, j) >= tau) << j;
-    int slot = atomicAdd(&sh.count, __popc(hits));
-    const int64_t first = start + int64_t(v) * kVec;
-    for (; hits != 0; hits &= hits - 1, ++slot) {
-      const int j = __ffs(hits) - 1;
-      if (slot < kCandCap) sh.cand[slot] = composite(vec_key<T>(raw, j), first + j);
-    }
+  // A vector holding an element >= tau is staged by its number; its elements are sorted out
+  // once, at the end, against the final bound (reading it again: ~650 vectors of a 19k-vector
+  // row). (Taking elements here cost ~57 warp instructions per event, the warp following the
+  // one lane that had one: Nsight counted ~157 instructions per vector step at bs=64, a third
+  // of them this. Staging whole vectors in shared memory capped them at 1024, which some rows
+  // passed: their exact fallback doubled the launch.)
+  auto take = [&](int v) {
+    const int slot = atomicAdd(&sh.count, 1);
+    if (slot < kStreamStaged) staged_at[slot] = v;
   };
   auto publish = [&] {
     const float b = warp_qth_largest(m, q);
@@ -1039,7 +1037,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   float tau = current_tau();
 #pragma unroll
   for (int u = 0; u < kStreamVecs; ++u)
-    if (u * kStreamThreads + tid < nvec && vmax[u] >= tau) take(raw[u], u * kStreamThreads + tid, tau);
+    if (u * kStreamThreads + tid < nvec && vmax[u] >= tau) take(u * kStreamThreads + tid);
   // Then the bound is raised after 2, 3, 4, 6, 9, 13, ... steps (each window adds about half
   // the candidates the last bound let through).
   int refresh = 2;
@@ -1048,7 +1046,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
 #pragma unroll
     for (int u = 0; u < kStreamVecs; ++u) {
       const int v = (i * kStreamVecs + u) * kStreamThreads + tid;
-      if (v < nvec && absorb(raw[u]) >= tau) take(raw[u], v, tau);
+      if (v < nvec && absorb(raw[u]) >= tau) take(v);
     }
     if (i + 1 == refresh) {
       publish();
@@ -1078,28 +1076,46 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   }
   const int count = sh.count;
   unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
-  if (count > kCandCap) {  // flat logits: the bound never rose
+  if (count > kStreamStaged) {  // flat logits: the bound never rose
     exact_topk<Traits::kBits>(sh, len, kk, k, start, [&](int i) { return Traits::key(x[i]); }, out);
     return;
   }
-  // Drop what the final bound rules out, then rank the rest.
-  constexpr int kPer = kCandCap / kStreamThreads;
-  constexpr uint32_t kKeyMask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
-  unsigned long long keep[kPer];
+  // The staged vectors' elements that the final bound lets through, as ranked candidates.
+  constexpr int kPer = kStreamStaged / kStreamThreads;
+  int held_at[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int c = tid + u * kStreamThreads;
-    keep[u] = c < count ? sh.cand[c] : ~0ull;
+    held_at[u] = c < count ? staged_at[c] : -1;
   }
   __syncthreads();
   if (tid == 0) sh.count = 0;
   __syncthreads();
+  const uint4* item = reinterpret_cast<const uint4*>(x);
 #pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    if (keep[u] != ~0ull && Traits::value(~uint32_t(keep[u] >> 32) & kKeyMask) >= tau_final)
-      sh.cand[atomicAdd(&sh.count, 1)] = keep[u];
+  for (int half = 0; half < kPer; half += kPer / 2) {  // half the loads in flight at once
+    uint4 vec[kPer / 2];
+#pragma unroll
+    for (int u = 0; u < kPer / 2; ++u)
+      if (held_at[half + u] >= 0) vec[u] = item[held_at[half + u]];
+#pragma unroll
+    for (int u = 0; u < kPer / 2; ++u) {
+      if (held_at[half + u] < 0) continue;
+      const int64_t first = start + int64_t(held_at[half + u]) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (vec_elem<T>(vec[u], j) >= tau_final) {
+          const int slot = atomicAdd(&sh.count, 1);
+          if (slot < kCandCap) sh.cand[slot] = composite(vec_key<T>(vec[u], j), first + j);
+        }
+      }
+    }
   }
   __syncthreads();
+  if (sh.count > kCandCap) {  // ties at the bound past the buffer
+    exact_topk<Traits::kBits>(sh, len, kk, k, start, [&](int i) { return Traits::key(x[i]); }, out);
+    return;
+  }
   write_ranked(sh, sh.count, kk, k, out);
 }
 
