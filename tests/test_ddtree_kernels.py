@@ -115,7 +115,7 @@ def test_topk_signed_zeros_tie_by_token_id(ext, device, dtype):
             assert torch.equal(fused.cpu().view(6, k), want), k
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the chunk kernels past 128 rows are CUDA")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernels past 128 rows are CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", ["random", "ties", "flat", "masked"])
 def test_topk_many_rows(ext, dtype, kind):
@@ -282,8 +282,8 @@ def test_fused_draft_tree(ext, bs, L, V, B, kind, dtype):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the composed CUDA path")
 def test_composed_draft_tree_many_rows(ext):
-    """bs=10, L=15 (150 rows): the chunk top-K, then the standalone build (parallel, serial
-    behind it), in a graph."""
+    """bs=10, L=15 (150 rows): the streaming top-K on random and tied logits, then the standalone
+    build (parallel, serial behind it), in a graph."""
     bs, L, V, B = 10, 15, 151936, 64
     static = make_logits(bs, L, V, "random", seed=3, dtype=torch.bfloat16).cuda()
     graph = torch.cuda.CUDAGraph()
