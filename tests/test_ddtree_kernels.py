@@ -268,6 +268,8 @@ FUSED_CASES = [
     (7, 8, 1000, 16, "flat", torch.float16), (3, 15, 32, 256, "ties", torch.float32),
     (64, 8, 151936, 128, "random", torch.float16), (2, 15, 151937, 200, "random", torch.bfloat16),
     (5, 15, 4099, 33, "ties", torch.float32), (8, 15, 151936, 256, "random", torch.bfloat16),
+    # fp32 rows of 151936 need more than a cluster's 16 CTAs: the counter variant
+    (2, 15, 151936, 64, "random", torch.float32),
 ]
 
 

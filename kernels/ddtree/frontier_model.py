@@ -23,6 +23,12 @@ def order_key(score) -> int:
     return (~u & 0xFFFFFFFF) if (u & 0x80000000) else (u | 0x80000000)
 
 
+def key_value(key: int):
+    """The fp32 value of an order key (order_key's inverse)."""
+    u = (key & 0x7FFFFFFF) if (key & 0x80000000) else (~key & 0xFFFFFFFF)
+    return np.array([u], dtype=np.uint32).view(np.float32)[0]
+
+
 def sibling_score(s, lp_r, lp_next):
     return f32(f32(s - lp_r) + lp_next)
 
@@ -101,7 +107,8 @@ def select_build(lp: np.ndarray, budget: int, cap: int = 1024) -> list[tuple[int
         for r in range(1, M):
             m = sibling_score(m, lp[d - 1, r - 1], lp[d - 1, r])
             comb.append(m)
-    tau = sorted(comb, key=order_key, reverse=True)[budget - 1]
+    # The kernel's radix select stops 10 bits short: the smallest key of the B-th best's bin.
+    tau = key_value(order_key(sorted(comb, key=order_key, reverse=True)[budget - 1]) & ~0x3FF)
     if not np.isfinite(tau):
         return None
     E: list[tuple] = []  # (score, depth, rank, parent index or -1, previous sibling index or -1, tuple)

@@ -17,6 +17,7 @@ from .bench import graph_us
 SM_GHZ = 1.98  # H200 SM clock under load (Nsight reports 1.98): cycles -> us for the in-CTA phases
 PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the first CTA start
     ("last CTA start", 1, "ns"), ("first chunk done", 10, "ns"), ("last chunk done", 2, "ns"),
+    ("candidates appended", 15, "ns"),  # the cluster variant only
     ("last row merged", 3, "ns"), ("kernel end", 4, "ns"), ("row merge", 5, "cyc"),
     ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
     ("  comb", 11, "cyc"), ("  comb select", 12, "cyc"), ("  gather E", 13, "cyc"), ("  rank+records", 14, "cyc"),
@@ -38,10 +39,12 @@ def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
             if i < 5:
                 continue
             for label, slot, kind in PHASES:
+                if kind == "ns" and v[slot] == 0:
+                    continue  # a slot this variant does not record
                 samples[label].append((v[slot] - v[0]) / 1e3 if kind == "ns" else v[slot] / (SM_GHZ * 1e3))
     finally:
         ext._set_timeline(None)
-    return {label: statistics.median(vals) for label, vals in samples.items()}
+    return {label: statistics.median(vals) for label, vals in samples.items() if vals}
 
 
 def topk_only(ext) -> None:
@@ -54,10 +57,24 @@ def topk_only(ext) -> None:
             print(f"topk bs={bs:2d} K={k:4d}: {t:7.1f} us", flush=True)
 
 
+def phases(ext) -> None:
+    print("fused launch phases, K=B=64, median of 40 eager launches (us; times from the first CTA start,"
+          " durations inside the CTA that ran them):")
+    for bs in (1, 8, 64):
+        x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
+        got = timeline(ext, x, 64, 64)
+        print(f"  bs={bs:2d}: " + "  ".join(f"{label} {us:.1f}" for label, us in got.items()), flush=True)
+
+
 def main() -> None:
+    """--topk: the many-row top-K only; --phases: the fused launch's phases only (the kernel's
+    DDTREE_FUSED=chunks picks the counter variant over the cluster one)."""
     ext = load()
     if "--topk" in sys.argv:
         topk_only(ext)
+        return
+    if "--phases" in sys.argv:
+        phases(ext)
         return
     for bs in (1, 8, 32, 64):
         x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
@@ -70,12 +87,7 @@ def main() -> None:
             t_fused = graph_us(lambda: ext.draft_tree(x, k, k, True, "fused"), 100)
             print(f"bs={bs:2d} K=B={k:4d}: topk {t_topk:7.1f}  "
                   f"build {t_build:7.1f}  mask {t_mask:6.1f}  fused draft_tree {t_fused:7.1f} us", flush=True)
-    print("fused launch phases, K=B=64, median of 40 eager launches (us; times from the first CTA start,"
-          " durations inside the CTA that ran them):")
-    for bs in (1, 8, 64):
-        x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
-        phases = timeline(ext, x, 64, 64)
-        print(f"  bs={bs:2d}: " + "  ".join(f"{label} {us:.1f}" for label, us in phases.items()), flush=True)
+    phases(ext)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // DDTree CUDA kernels. No torch headers: launchers take raw pointers and a cudaStream_t, so this
 // file compiles with plain nvcc (CI does that) and every op is CUDA-graph safe: no host sync, no
 // allocation, shapes fixed by the arguments.
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -128,11 +129,13 @@ __device__ void select_bin(const uint32_t* hist, ChunkShared& sh, int shift, int
   }
 }
 
-// Exact K-th largest key of `keys[0..n)` (any memory), radix select; all threads call it.
-template <int kBits, typename KeyAt>
+// Exact K-th largest key of `keys[0..n)` (any memory), radix select; all threads call it. With
+// kStop > 0 the low kStop bits are not resolved: the result is the smallest key of the K-th
+// largest key's bin of 2^kStop keys, a lower bound on it one pass sooner.
+template <int kBits, typename KeyAt, int kStop = 0>
 __device__ uint32_t radix_kth(ChunkShared& sh, uint32_t* hist, int n, int k, KeyAt key_at) {
   if (threadIdx.x == 0) { sh.prefix = 0; sh.prefix_mask = 0; sh.remaining = k; }
-  for (int shift = kBits; shift > 0;) {
+  for (int shift = kBits; shift > kStop;) {
     const int bits = shift >= kRadixBits ? kRadixBits : shift;
     shift -= bits;
     const int bins = 1 << bits;
@@ -780,28 +783,27 @@ __device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
+// One chunk into registers (4 x 16-byte loads per thread, all in flight at once) and each
+// thread's max and sum of exp relative to it (out-of-chunk elements count as -inf; no barrier).
 template <typename T>
-__device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
-                            unsigned long long* out, float2* stat) {
+__device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[kDraftVecs], float& tmax,
+                                           float& tsum) {
   constexpr int kVec = 16 / sizeof(T);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  uint4 raw[kDraftVecs];
 #pragma unroll
   for (int v = 0; v < kDraftVecs; ++v) {
     const int first = (v * kDraftThreads + tid) * kVec;
     if (aligned && first + kVec <= len) raw[v] = __ldcs(reinterpret_cast<const uint4*>(x + first));
     else raw[v] = load_partial(x, first, len);
   }
-  // Per-thread max, then the sum of exp relative to it (out-of-chunk elements count as -inf).
-  float tmax = -INFINITY;
+  tmax = -INFINITY;
 #pragma unroll
   for (int v = 0; v < kDraftVecs; ++v) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) tmax = fmaxf(tmax, vec_elem<T>(raw[v], j));
   }
-  float tsum = 0.f;
+  tsum = 0.f;
   if (tmax != -INFINITY) {
     const float shift = tmax * kLog2e;
 #pragma unroll
@@ -810,20 +812,36 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
       for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
     }
   }
-  // The warp's per-thread maxima sorted descending (bitonic, shuffles only).
-  const int kk = min(k, len);
-  const int q = (kk + kDraftWarps - 1) / kDraftWarps;  // <= 16 for K <= 256
-  float sorted = tmax;
+}
+
+// The warp's values sorted descending across its lanes (bitonic, shuffles only).
+__device__ __forceinline__ float warp_sort_desc(float v) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int size = 2; size <= 32; size <<= 1) {
 #pragma unroll
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const float other = __shfl_xor_sync(kFull, sorted, stride);
+      const float other = __shfl_xor_sync(kFull, v, stride);
       const bool desc = (lane & size) == 0 || size == 32;
       const bool lower = (lane & stride) == 0;
-      sorted = (lower == desc) ? fmaxf(sorted, other) : fminf(sorted, other);
+      v = (lower == desc) ? fmaxf(v, other) : fminf(v, other);
     }
   }
+  return v;
+}
+
+// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
+template <typename T>
+__device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
+                            unsigned long long* out, float2* stat) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint4 raw[kDraftVecs];
+  float tmax, tsum;
+  scan_chunk<T>(x, len, raw, tmax, tsum);
+  const int kk = min(k, len);
+  const int q = (kk + kDraftWarps - 1) / kDraftWarps;  // <= 16 for K <= 256
+  const float sorted = warp_sort_desc(tmax);
   const float wmax = __shfl_sync(kFull, sorted, 0);
   const float wtau = __shfl_sync(kFull, sorted, q - 1);
   float* wmax_s = sh.red;                                  // [kDraftWarps]
@@ -1122,12 +1140,13 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
 // Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
 // records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
 // totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
-// done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] row merge, [6] build
+// done, [4] last CTA end, [10] first chunk done, [15] (cluster variant) last CTA done appending
+// candidates (globaltimer ns); [5] row merge, [6] build
 // staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
 // comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records (SM cycles,
 // the largest over CTAs).
 enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
-                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank };
+                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlBound };
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -1394,7 +1413,8 @@ __device__ int fast_build(const BuildSmem& s, int L, int K, int budget) {
 // log-probs are <= 0; for a sibling, fp32 rounding of (s - a) + b can break it), the heap pops
 // the B best nodes by (score desc, rank tuple asc) in that order. So:
 //   1. tau0: the B-th best score of the "comb" — the chain of first children and each chain
-//      node's siblings — a closed set of nodes, so at least B nodes score >= tau0 (radix select);
+//      node's siblings — a closed set of nodes, so at least B nodes score >= tau0 (a radix
+//      select that stops 2^10 ulps short: any lower bound on it serves);
 //   2. E: every node reachable through nodes scoring >= tau0, gathered depth by depth by one warp
 //      (depth 1 read off the comb; deeper, each parent walks its sibling chain until a score
 //      falls below tau0);
@@ -1520,7 +1540,10 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
   if ((tid & 31) == 0 && (tid >> 5) < L) {
     const int d = tid >> 5;
     float m = lp[0];
-    for (int j = 1; j <= d; ++j) m = __fadd_rn(m, lp[j * K]);
+#pragma unroll
+    for (int j = 1; j < kMaxDepth; ++j) {  // unrolled: the loads need not wait on the sum
+      if (j <= d) m = __fadd_rn(m, lp[j * K]);
+    }
     float* out = w.comb + d * M;
     const float* row = lp + d * K;
     out[0] = m;
@@ -1542,8 +1565,11 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
   __syncthreads();
   long long t1 = clock64();
   mark(tl, kTlComb, t1 - t0);
-  const uint32_t kth = radix_kth<32>(sh, reinterpret_cast<uint32_t*>(sh.cand), L * M, budget,
-                                     [&](int i) { return KeyTraits<float>::key(w.comb[i]); });
+  // Any tau at or below the comb's B-th best score serves (a lower one only gathers more), so the
+  // select stops after two of its three passes: tau is within 2^10 ulps below the B-th score.
+  auto comb_key = [&](int i) { return KeyTraits<float>::key(w.comb[i]); };
+  const uint32_t kth =
+      radix_kth<32, decltype(comb_key), 10>(sh, reinterpret_cast<uint32_t*>(sh.cand), L * M, budget, comb_key);
   const float tau = KeyTraits<float>::value(kth);
   if (!(tau > -INFINITY && tau < INFINITY)) return -1;
   t0 = clock64();
@@ -1666,7 +1692,148 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
 }
 
 
-template <typename T, int F>
+// ---- the fused launch's rows as thread-block clusters (sm_90)
+//
+// One cluster of `splits` (<= 16) CTAs per row, each scanning one chunk as draft_chunk does. In
+// the chunk version every CTA ranks its own candidates (~130 a chunk at bs=1: the bound only
+// knows its own chunk) and the row's last CTA merges 17 lists through L2 behind a counter: at
+// bs=1 the chunks finished between 4.3 and 7.8 us and the merge took 4.7 more. Here the cluster
+// agrees on one bound for the whole row through distributed shared memory:
+//   * each CTA publishes v, its q-th largest per-thread maximum (q = ceil(K / splits)): q
+//     distinct elements of its chunk are >= v, so the row holds >= K elements >= tau, the
+//     smallest v of the cluster;
+//   * every CTA reads the cluster's v, appends its elements >= tau to CTA 0's candidate buffer
+//     (one remote atomic per warp) and its warps' (max, sum of exp) to CTA 0's partials;
+//   * CTA 0 ranks the row's candidates by counting (bf16 rows of randn x 3 at K = 64, 16 CTAs,
+//     in a NumPy model of this bound: 138 candidates on average, 274 at most over 200 rows) and
+//     writes the row. Flooded by ties (over kCandCap candidates): CTA 0 takes the exact radix
+//     path over the whole row (slow, and only for rows of a few distinct values).
+// Remote shared memory is touched only between the two cluster barriers: after the first every
+// CTA of the cluster is running, and none leaves before the second.
+constexpr int kClusterMax = 16;  // the non-portable cluster size limit of sm_90
+
+// The cluster variant's use of the dynamic shared memory after ChunkShared (CTA 0's partials,
+// then the warps' leading maxima, which the flooded path reuses for its list of K).
+constexpr size_t kClusterStatsBytes = size_t(kClusterMax) * kDraftWarps * sizeof(float2);
+constexpr size_t kClusterExtraBytes = kClusterStatsBytes + size_t(kDraftWarps) * 32 * sizeof(unsigned long long);
+
+// Row `x_row` by the cluster of the calling CTA. Returns true in the CTA that wrote the row
+// (cluster rank 0); all threads of every CTA call it.
+template <typename T>
+__device__ bool cluster_row(const T* __restrict__ x_row, int64_t vocab, int chunk, int splits, int k,
+                            ChunkShared& sh, unsigned char* extra, int64_t* out_ids, float* out_lp, float* out_lse,
+                            unsigned long long* tl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // the host launches this variant only on sm_90 and later
+  return false;
+#else
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  constexpr int kVec = 16 / sizeof(T);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rank = int(cluster.block_rank());
+  const int64_t start = int64_t(rank) * chunk;
+  const int len = int(min(int64_t(chunk), vocab - start));
+  auto* stats = reinterpret_cast<float2*>(extra);                                       // CTA 0's
+  auto* lead = reinterpret_cast<unsigned long long*>(extra + kClusterStatsBytes);       // [warps * qw]
+  uint4 raw[kDraftVecs];
+  float tmax, tsum;
+  scan_chunk<T>(x_row + start, len, raw, tmax, tsum);
+  const float sorted = warp_sort_desc(tmax);
+  const float wmax = __shfl_sync(kFull, sorted, 0);
+  float wsum = tsum > 0.f ? tsum * ex2_approx((tmax - wmax) * kLog2e) : 0.f;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(kFull, wsum, off);
+  // v: the CTA's q-th largest per-thread maximum, which is among the warps' q largest.
+  const int q = (k + splits - 1) / splits, qw = min(q, 32);  // q <= K <= 256 <= warps x 32
+  if (lane < qw) lead[warp * qw + lane] = composite(KeyTraits<float>::key(sorted), warp * qw + lane);
+  if (tid == 0) sh.count = 0;
+  __syncthreads();
+  for (int i = tid; i < kDraftWarps * qw; i += blockDim.x) {
+    const unsigned long long mine = lead[i];
+    int better = 0;
+    for (int j = 0; j < kDraftWarps * qw; ++j) better += lead[j] < mine;
+    if (better == q - 1) sh.red[0] = KeyTraits<float>::value(~uint32_t(mine >> 32));
+  }
+  if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
+  cluster.sync();  // every v is published, every CTA of the cluster is running
+  float tau = lane < splits ? *cluster.map_shared_rank(&sh.red[0], lane) : INFINITY;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) tau = fminf(tau, __shfl_xor_sync(kFull, tau, off));
+  ChunkShared* sh0 = cluster.map_shared_rank(&sh, 0);
+  if (lane == 0) cluster.map_shared_rank(stats, 0)[rank * kDraftWarps + warp] = make_float2(wmax, wsum);
+  // Candidates: values >= tau (tau = -inf: every element of the chunk; then positions count).
+  int mine = 0;
+  if (tmax >= tau) {
+#pragma unroll
+    for (int v = 0; v < kDraftVecs; ++v) {
+      const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float f = vec_elem<T>(raw[v], j);
+        mine += f >= tau && (tau != -INFINITY || first + j < len);
+      }
+    }
+  }
+  if (__any_sync(kFull, mine > 0)) {
+    int incl = mine;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(kFull, incl, off);
+      if (lane >= off) incl += y;
+    }
+    int base = 0;
+    if (lane == 31) base = atomicAdd(&sh0->count, incl);
+    int pos = __shfl_sync(kFull, base, 31) + incl - mine;
+    if (mine > 0) {
+#pragma unroll
+      for (int v = 0; v < kDraftVecs; ++v) {
+        const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float f = vec_elem<T>(raw[v], j);
+          if (f >= tau && (tau != -INFINITY || first + j < len)) {
+            if (pos < kCandCap) sh0->cand[pos] = composite(KeyTraits<float>::key(f), start + first + j);
+            ++pos;
+          }
+        }
+      }
+    }
+  }
+  if (tl != nullptr) mark(tl, kTlBound, global_ns());
+  cluster.sync();  // the row's candidates and partials are in CTA 0
+  if (rank != 0) return false;
+  const long long t0 = clock64();
+  const int count = sh.count;
+  if (warp == 0) {
+    const float lse = warp_lse(splits * kDraftWarps, [&](int j) { return stats[j]; });
+    if (lane == 0) sh.red[1] = lse;
+  }
+  __syncthreads();
+  const float lse = sh.red[1];
+  auto emit = [&](unsigned long long c, int r) {
+    if (r < k) {
+      out_ids[r] = int64_t(c & 0xFFFFFFFFull);
+      out_lp[r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
+    }
+  };
+  if (count <= kCandCap) {
+    rank_by_count(sh.cand, count, emit);
+  } else {
+    exact_topk<32>(sh, int(vocab), k, k, 0,
+                   [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x_row[i])); }, lead);
+    __syncthreads();
+    for (int r = tid; r < k; r += blockDim.x) emit(lead[r], r);
+  }
+  if (tid == 0) *out_lse = lse;
+  if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
+  return true;
+#endif
+}
+
+// kCluster: the row is one thread-block cluster (cluster_row); otherwise its CTAs meet through a
+// counter and the last one merges the chunk lists (draft_chunk, merge_row).
+template <typename T, int F, bool kCluster>
 __global__ void __launch_bounds__(kDraftThreads, 2)
     draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
                  unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats,
@@ -1680,30 +1847,36 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
   unsigned char* extra = smem_raw + align16(sizeof(ChunkShared));
   const int64_t row = blockIdx.y;
-  const int split = blockIdx.x;
-  const int64_t start = int64_t(split) * chunk;
-  const int len = int(min(int64_t(chunk), vocab - start));
-  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
   if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
-  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
-                 ws_stats + row * splits + split);
-  if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
-  // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
-    if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
-    sh.last = last;
+  if constexpr (kCluster) {
+    if (!cluster_row<T>(logits + row * vocab, vocab, chunk, splits, k, sh, extra, out_ids + row * k,
+                        out_lp + row * k, out_lse + row, tl))
+      return;
+  } else {
+    const int split = blockIdx.x;
+    const int64_t start = int64_t(split) * chunk;
+    const int len = int(min(int64_t(chunk), vocab - start));
+    unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
+    draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
+                   ws_stats + row * splits + split);
+    if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
+    // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
+      if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
+      sh.last = last;
+    }
+    __syncthreads();
+    if (!sh.last) return;
+    __threadfence();
+    const long long t0 = clock64();
+    merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
+              sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
+              out_ids + row * k, out_lp + row * k, out_lse + row);
+    if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
   }
-  __syncthreads();
-  if (!sh.last) return;
-  __threadfence();
-  long long t0 = clock64();
-  merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
-            sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
-            out_ids + row * k, out_lp + row * k, out_lse + row);
-  if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
   if (budget == 0) return;  // top-K only
   const int b = int(row / L);
   __threadfence();
@@ -1718,7 +1891,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __threadfence();
   // Last row of request b: the tree and its mask.
   const BuildSmem s = carve_build_smem(extra, L, k, budget);
-  t0 = clock64();
+  long long t0 = clock64();
   stage_build(s, out_lp + int64_t(b) * L * k, L, k, budget, threadIdx.x, blockDim.x);
   __syncthreads();
   long long t1 = clock64();
@@ -1838,11 +2011,12 @@ __global__ void compact_kv_kernel(Word* __restrict__ cache, int64_t row_words, c
 
 // ---- fused path launchers
 
-inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
+// max_splits: the counter variant's merge stages splits * k entries (<= 32 KB); a cluster holds
+// at most kClusterMax CTAs.
+inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms, int64_t max_splits) {
   const int64_t cap = int64_t(kDraftThreads) * kDraftVecs * 16 / elem_bytes;  // a multiple of 16
   const int64_t min_splits = (vocab + cap - 1) / cap;
   int64_t splits = 2 * int64_t(sms) / rows;  // small batches: about two CTAs per SM
-  const int64_t max_splits = 4096 / k;       // the merge stages splits * k entries (<= 32 KB)
   if (splits > max_splits) splits = max_splits;
   if (splits < min_splits) splits = min_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
@@ -1852,24 +2026,60 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
   return TopkPlan{int(splits), int(chunk)};
 }
 
+// The workspace and shared memory of the counter variant (the cluster variant uses its counters
+// only, and less shared memory).
 struct DraftLayout {
   TopkPlan plan;
   int64_t cand_bytes, stats_bytes, counter_bytes;
-  size_t smem;
+  size_t smem, build_smem;
 };
 
 inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t vocab, int k, int budget) {
   DraftLayout d;
   const int64_t rows = bs * L;
-  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count());
+  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count(), 4096 / k);
   d.cand_bytes = rows * d.plan.splits * int64_t(k) * 8;
   d.stats_bytes = rows * d.plan.splits * 8;
   d.counter_bytes = (rows + bs) * 4;
   const size_t merge = (size_t(d.plan.splits) * k + kMergeCap) * 8;
   const int side = budget + 1, words = (side + 31) / 32;
-  const size_t build = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
-  d.smem = align16(sizeof(ChunkShared)) + (merge > build ? merge : build);
+  d.build_smem = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
+  d.smem = align16(sizeof(ChunkShared)) + (merge > d.build_smem ? merge : d.build_smem);
   return d;
+}
+
+// Whether the cluster variant can run a row as `splits` CTAs with this much shared memory:
+// sm_90 or later, and such a cluster fits on the GPU (answers cached per cluster size).
+// DDTREE_FUSED=chunks forces the counter variant (tuning, read once).
+template <auto Kernel>
+bool cluster_fits(int splits, size_t smem) {
+  static const bool usable = [] {
+    const char* v = std::getenv("DDTREE_FUSED");
+    if (v != nullptr && std::strcmp(v, "chunks") == 0) return false;
+    int device = 0, major = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    return major >= 9 && cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  }();
+  if (!usable || splits > kClusterMax) return false;
+  static size_t fits[kClusterMax + 1] = {}, fails[kClusterMax + 1] = {};  // largest fitting, smallest not
+  if (smem <= fits[splits]) return true;
+  if (fails[splits] != 0 && smem >= fails[splits]) return false;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(splits));
+  cfg.blockDim = dim3(kDraftThreads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(splits);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  const bool ok = cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess && clusters > 0;
+  (void)cudaGetLastError();  // a refusal is an answer here, not the caller's error
+  if (ok) fits[splits] = smem; else fails[splits] = smem;
+  return ok;
 }
 
 template <typename T, int F>
@@ -1882,12 +2092,33 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
   auto* ws_cand = reinterpret_cast<unsigned long long*>(bytes);
   auto* ws_stats = reinterpret_cast<float2*>(bytes + d.cand_bytes);
   auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes);
-  cudaError_t err = allow_smem_once<draft_kernel<T, F>>();
-  if (err != cudaSuccess) return err;
-  err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
-  if (err != cudaSuccess) return err;
   const int64_t rows = int64_t(bs) * L;
-  draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
+  cudaError_t err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
+  if (err != cudaSuccess) return err;
+  const TopkPlan cplan = draft_plan(rows, vocab, k, sizeof(T), sm_count(), kClusterMax);
+  const size_t csmem = align16(sizeof(ChunkShared)) +
+                       (kClusterExtraBytes > d.build_smem ? kClusterExtraBytes : d.build_smem);
+  constexpr auto cluster_kernel = draft_kernel<T, F, true>;
+  if (allow_smem_once<cluster_kernel>() == cudaSuccess && cluster_fits<cluster_kernel>(cplan.splits, csmem)) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(cplan.splits), unsigned(rows));
+    cfg.blockDim = dim3(kDraftThreads);
+    cfg.dynamicSmemBytes = csmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(cplan.splits);
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, cluster_kernel, static_cast<const T*>(logits), vocab, L, cplan.chunk,
+                              cplan.splits, k, budget, ws_cand, ws_stats, counters, counters + rows, ids, lp, lse,
+                              num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, vis_packed,
+                              g_timeline);
+  }
+  err = allow_smem_once<draft_kernel<T, F, false>>();
+  if (err != cudaSuccess) return err;
+  draft_kernel<T, F, false><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
       static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, counters,
       counters + rows, ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis,
       vis_packed, g_timeline);
