@@ -15,18 +15,20 @@ from . import load
 from .bench import graph_us
 
 SM_GHZ = 1.98  # H200 SM clock under load (Nsight reports 1.98): cycles -> us for the in-CTA phases
-PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the first CTA start
+PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the first CTA start, "n" counts
     ("last CTA start", 1, "ns"), ("first chunk done", 10, "ns"), ("last chunk done", 2, "ns"),
-    ("candidates appended", 15, "ns"),  # the cluster variant only
     ("last row merged", 3, "ns"), ("kernel end", 4, "ns"), ("row merge", 5, "cyc"),
     ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
     ("  comb", 11, "cyc"), ("  comb select", 12, "cyc"), ("  gather E", 13, "cyc"), ("  rank+records", 14, "cyc"),
+    ("| chunk scan", 15, "cyc"), ("chunk sort", 16, "cyc"), ("chunk candidates", 17, "cyc"), ("chunk rank", 18, "cyc"),
+    ("| merge stage+bound", 19, "cyc"), ("merge filter", 20, "cyc"), ("merge rank", 21, "cyc"),
+    ("| most chunk candidates", 22, "n"),
 ]
 
 
 def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
     """Median phase times (us) of eager fused launches on logits x."""
-    slots = torch.zeros(16, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(24, dtype=torch.int64, device="cuda")
     samples: dict[str, list[float]] = {label: [] for label, _, _ in PHASES}
     ext._set_timeline(slots)
     try:
@@ -39,12 +41,11 @@ def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
             if i < 5:
                 continue
             for label, slot, kind in PHASES:
-                if kind == "ns" and v[slot] == 0:
-                    continue  # a slot this variant does not record
-                samples[label].append((v[slot] - v[0]) / 1e3 if kind == "ns" else v[slot] / (SM_GHZ * 1e3))
+                samples[label].append((v[slot] - v[0]) / 1e3 if kind == "ns" else v[slot] if kind == "n"
+                                      else v[slot] / (SM_GHZ * 1e3))
     finally:
         ext._set_timeline(None)
-    return {label: statistics.median(vals) for label, vals in samples.items() if vals}
+    return {label: statistics.median(vals) for label, vals in samples.items()}
 
 
 def topk_only(ext) -> None:
@@ -67,8 +68,7 @@ def phases(ext) -> None:
 
 
 def main() -> None:
-    """--topk: the many-row top-K only; --phases: the fused launch's phases only (the kernel's
-    DDTREE_FUSED=chunks picks the counter variant over the cluster one)."""
+    """--topk: the many-row top-K only; --phases: the fused launch's phases only."""
     ext = load()
     if "--topk" in sys.argv:
         topk_only(ext)

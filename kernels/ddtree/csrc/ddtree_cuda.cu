@@ -1,7 +1,6 @@
 // DDTree CUDA kernels. No torch headers: launchers take raw pointers and a cudaStream_t, so this
 // file compiles with plain nvcc (CI does that) and every op is CUDA-graph safe: no host sync, no
 // allocation, shapes fixed by the arguments.
-#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -89,13 +88,43 @@ __device__ __forceinline__ unsigned long long composite(uint32_t key, int64_t in
 struct ChunkShared {
   unsigned long long cand[kCandCap];  // candidates; the radix fallback uses it as hist + output
   uint32_t tmax[kTopkThreads];
-  float red[32];
-  uint32_t redk[32];
+  alignas(16) float red[32];  // read 16 bytes at a time (draft_chunk)
+  alignas(16) uint32_t redk[32];
   uint32_t prefix, prefix_mask;
   int remaining, count, n_greater, eq_taken;
   int last;  // fused kernel: this CTA finished its row (or request) last
   typename cub::BlockScan<int, kTopkThreads>::TempStorage scan;
 };
+
+// Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
+// records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
+// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
+// done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] row merge, [6] build
+// staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
+// comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records; inside a
+// chunk CTA [15] loads to per-thread max and sum, [16] the warps' sort and the barrier, [17] the
+// candidates and the barrier, [18] ranking and writing its list (or set); inside the set-mode row
+// merge [19] staging and its bound, [20] the entries above the bound, [21] ranking and writing
+// the row (SM cycles, the largest over CTAs); [22] the most candidates a chunk found.
+enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
+                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkSort,
+                    kTlChunkCand, kTlChunkRank, kTlMergeStage, kTlMergeBound, kTlMergeRank, kTlChunkCount,
+                    kTlSlots };
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread 0 of the CTA records: slots that keep a first time take the minimum, the rest the maximum.
+__device__ __forceinline__ void mark(unsigned long long* tl, int slot, unsigned long long value) {
+  if (tl == nullptr || threadIdx.x != 0) return;
+  if (slot == kTlStart || slot == kTlFirstChunk) atomicMin(tl + slot, value);
+  else atomicMax(tl + slot, value);
+}
+
+unsigned long long* g_timeline = nullptr;  // host side: passed to each fused launch
 
 // Finds the bin holding the `remaining`-th largest key and updates prefix and remaining. All
 // threads call it: thread t owns the kPer bins just below those of thread t-1, counting from the
@@ -178,14 +207,38 @@ __device__ __forceinline__ int next_pow2(int n) {
 // keys) for each. Every thread reads the same key at once (a broadcast, no bank conflicts).
 // (Splitting each key's count over up to 8 lanes measured no faster at bs=1 or bs=64.) All
 // threads of the CTA call it.
+// Four counters: one made every compare wait on the previous one's add (a dependent chain of
+// two instructions per key in the SASS).
 template <typename Emit>
 __device__ void rank_by_count(const unsigned long long* a, int n, Emit emit) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const unsigned long long mine = a[i];
-    int rank = 0;
-    for (int j = 0; j < n; ++j) rank += a[j] < mine;
-    emit(mine, rank);
+    int r0 = 0, r1 = 0, r2 = 0, r3 = 0, j = 0;
+    for (; j + 4 <= n; j += 4) {
+      r0 += a[j] < mine;
+      r1 += a[j + 1] < mine;
+      r2 += a[j + 2] < mine;
+      r3 += a[j + 3] < mine;
+    }
+    for (; j < n; ++j) r0 += a[j] < mine;
+    emit(mine, r0 + r1 + r2 + r3);
   }
+}
+
+// Slots for `n` items of each lane in a shared buffer, one atomic per warp: returns the lane's
+// first slot. All lanes of a warp call it. (An atomic per item on one shared counter queues the
+// warps of the CTA behind each other.)
+__device__ __forceinline__ int warp_reserve(int* counter, int n) {
+  const int lane = threadIdx.x & 31;
+  int incl = n;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  int base = 0;
+  if (lane == 31 && incl > 0) base = atomicAdd(counter, incl);
+  return __shfl_sync(0xffffffffu, base, 31) + incl - n;
 }
 
 // Ranks the `count` (<= kCandCap) candidates in sh.cand by (value desc, index asc) and writes
@@ -401,12 +454,12 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
   __syncthreads();
   const unsigned long long tau = tau_s;
   const int n = lists * len;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const unsigned long long c = buf[i];
-    if (c <= tau && c != ~0ull) {  // ~0: padding of a short list
-      const int slot = atomicAdd(&count_s, 1);
-      if (slot < cap) pass[slot] = c;
-    }
+  for (int base = 0; base < n; base += blockDim.x) {  // the same trip count in every lane
+    const int i = base + int(threadIdx.x);
+    const unsigned long long c = i < n ? buf[i] : ~0ull;
+    const bool in = c <= tau && c != ~0ull;  // ~0: padding of a short list
+    const int slot = warp_reserve(&count_s, in);
+    if (in && slot < cap) pass[slot] = c;
   }
   __syncthreads();
   const int count = count_s;
@@ -441,16 +494,20 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
 
 // logsumexp from n partials (max, sum of exp relative to it), stat(j) -> float2; one full warp
 // calls it (a lane per partial, so loads overlap); every lane gets the result.
+// The lane's first partial is read once (with <= 32 partials, the only one: a second pass of
+// loads through L2 was a second round trip).
 template <typename StatAt>
 __device__ float warp_lse(int n, StatAt stat) {
   const int lane = threadIdx.x & 31;
-  float m = -INFINITY;
-  for (int j = lane; j < n; j += 32) m = fmaxf(m, stat(j).x);
+  const float2 first = lane < n ? stat(lane) : make_float2(-INFINITY, 0.f);
+  float m = first.x;
+  for (int j = lane + 32; j < n; j += 32) m = fmaxf(m, stat(j).x);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   float total = 0.f;
   if (m != -INFINITY) {
-    for (int j = lane; j < n; j += 32) {
+    if (first.x != -INFINITY) total += first.y * __expf(first.x - m);
+    for (int j = lane + 32; j < n; j += 32) {
       const float2 st = stat(j);
       if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
     }
@@ -736,6 +793,14 @@ constexpr int kDraftThreads = kTopkThreads;  // shares ChunkShared and the ranki
 constexpr int kDraftWarps = kDraftThreads / 32;
 constexpr int kDraftVecs = 4;  // 16-byte vectors per thread: chunks up to 32 KB (6 spilled at 64 registers)
 constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
+// Set mode (K <= kSetMaxK): a chunk hands the row merge its candidates unranked (up to kSetCap)
+// with its kSetTop largest warp maxima; ranking each chunk's ~150 candidates by counting was the
+// chunk CTAs' largest stage (3-4 us at bs=1, on the launch's critical path).
+constexpr int kSetMaxK = 64, kSetCap = 512, kSetTop = 8;
+struct ChunkMeta {
+  int count;            // entries in the chunk's slot
+  float top[kSetTop];   // its largest warp maxima, descending
+};
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -783,11 +848,13 @@ __device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// One chunk into registers (4 x 16-byte loads per thread, all in flight at once) and each
-// thread's max and sum of exp relative to it (out-of-chunk elements count as -inf; no barrier).
+// One chunk into registers (4 x 16-byte loads per thread, all in flight at once), each vector's
+// max, and each thread's max and sum of exp relative to it (out-of-chunk elements count as -inf;
+// no barrier). Vectors wholly past the chunk are skipped, not computed as -inf: at bs=1 a thread
+// holds 2-3 of its 4 (Nsight counted the chunk CTAs issue-bound, ~1100 instructions a warp).
 template <typename T>
-__device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[kDraftVecs], float& tmax,
-                                           float& tsum) {
+__device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[kDraftVecs],
+                                           float (&vmax)[kDraftVecs], float& tmax, float& tsum) {
   constexpr int kVec = 16 / sizeof(T);
   const int tid = threadIdx.x;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -800,16 +867,22 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
   tmax = -INFINITY;
 #pragma unroll
   for (int v = 0; v < kDraftVecs; ++v) {
+    vmax[v] = -INFINITY;
+    if ((v * kDraftThreads + tid) * kVec < len) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) tmax = fmaxf(tmax, vec_elem<T>(raw[v], j));
+      for (int j = 0; j < kVec; ++j) vmax[v] = fmaxf(vmax[v], vec_elem<T>(raw[v], j));
+    }
+    tmax = fmaxf(tmax, vmax[v]);
   }
   tsum = 0.f;
   if (tmax != -INFINITY) {
     const float shift = tmax * kLog2e;
 #pragma unroll
     for (int v = 0; v < kDraftVecs; ++v) {
+      if ((v * kDraftThreads + tid) * kVec < len) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
+        for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
+      }
     }
   }
 }
@@ -830,15 +903,20 @@ __device__ __forceinline__ float warp_sort_desc(float v) {
   return v;
 }
 
-// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
+// The chunk's (max, sum of exp) into *stat and its top-kk into out: sorted and padded to k (list
+// mode, meta null), or, in set mode (meta: this chunk's ChunkMeta), its candidates as they came
+// when at most kSetCap, else its top-kk sorted, with their count and the warps' leading maxima.
 template <typename T>
 __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
-                            unsigned long long* out, float2* stat) {
+                            unsigned long long* out, float2* stat, ChunkMeta* meta, unsigned long long* tl) {
   constexpr int kVec = 16 / sizeof(T);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const long long t0 = clock64();
   uint4 raw[kDraftVecs];
-  float tmax, tsum;
-  scan_chunk<T>(x, len, raw, tmax, tsum);
+  float vmax[kDraftVecs], tmax, tsum;
+  scan_chunk<T>(x, len, raw, vmax, tmax, tsum);
+  long long t1 = clock64();
+  mark(tl, kTlChunkScan, t1 - t0);
   const int kk = min(k, len);
   const int q = (kk + kDraftWarps - 1) / kDraftWarps;  // <= 16 for K <= 256
   const float sorted = warp_sort_desc(tmax);
@@ -850,41 +928,177 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
   if (lane == 0) { wmax_s[warp] = wmax; wtau_s[warp] = wtau; }
   if (tid == 0) sh.count = 0;
   __syncthreads();
+  long long t2 = clock64();
+  mark(tl, kTlChunkSort, t2 - t1);
   float m = -INFINITY, tau = INFINITY;
 #pragma unroll
-  for (int w = 0; w < kDraftWarps; ++w) { m = fmaxf(m, wmax_s[w]); tau = fminf(tau, wtau_s[w]); }
+  for (int w = 0; w < kDraftWarps; w += 4) {  // 16-byte reads: sh.red and sh.redk are 16-byte aligned
+    const float4 a = *reinterpret_cast<const float4*>(wmax_s + w), b = *reinterpret_cast<const float4*>(wtau_s + w);
+    m = fmaxf(m, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+    tau = fminf(tau, fminf(fminf(b.x, b.y), fminf(b.z, b.w)));
+  }
   float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
   if (lane == 0) wsum_s[warp] = part;
-  // Candidates: values >= tau. Only threads whose max reaches tau have any. (tau = -inf takes
-  // every element of the chunk: a tiny or -inf-filled one; then positions are checked.)
-  if (tmax >= tau) {
+  // Candidates: values >= tau, looked for only in vectors whose max reaches tau. (tau = -inf
+  // takes every element of the chunk: a tiny or -inf-filled one; then positions are checked.)
+  // Counted first, so a warp reserves its slots with one atomic.
+  auto take = [&](float f, int pos) { return f >= tau && (tau != -INFINITY || pos < len); };
+  int mine = 0;
 #pragma unroll
-    for (int v = 0; v < kDraftVecs; ++v) {
+  for (int v = 0; v < kDraftVecs; ++v) {
+    if (vmax[v] >= tau) {
       const int first = (v * kDraftThreads + tid) * kVec;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float f = vec_elem<T>(raw[v], j);
-        if (f >= tau && (tau != -INFINITY || first + j < len)) {
-          const int slot = atomicAdd(&sh.count, 1);
-          if (slot < kCandCap) sh.cand[slot] = composite(KeyTraits<float>::key(f), start + first + j);
+      for (int j = 0; j < kVec; ++j) mine += take(vec_elem<T>(raw[v], j), first + j);
+    }
+  }
+  if (__any_sync(kFull, mine > 0)) {
+    int slot = warp_reserve(&sh.count, mine);
+#pragma unroll
+    for (int v = 0; v < kDraftVecs; ++v) {
+      if (mine > 0 && vmax[v] >= tau) {
+        const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float f = vec_elem<T>(raw[v], j);
+          if (take(f, first + j)) {
+            if (slot < kCandCap) sh.cand[slot] = composite(KeyTraits<float>::key(f), start + first + j);
+            ++slot;
+          }
         }
       }
     }
   }
   __syncthreads();
+  t1 = clock64();
+  mark(tl, kTlChunkCand, t1 - t2);
+  mark(tl, kTlChunkCount, unsigned(sh.count));
   if (tid == 0) {
     float total = 0.f;
     for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
     *stat = make_float2(m, total);
   }
   const int count = sh.count;
+  if (meta != nullptr) {
+    if (warp == 0) {  // the chunk's kSetTop largest warp maxima, for the merge's bound
+      const float top = warp_sort_desc(lane < kDraftWarps ? wmax_s[lane] : -INFINITY);
+      if (lane < kSetTop) meta->top[lane] = top;
+      if (lane == 0) meta->count = count <= kSetCap ? count : kk;
+    }
+    if (count <= kSetCap) {
+      for (int i = tid; i < count; i += blockDim.x) out[i] = sh.cand[i];
+      mark(tl, kTlChunkRank, clock64() - t1);
+      return;
+    }
+  }
   if (count <= kCandCap) {
     write_ranked(sh, count, kk, k, out);
   } else {
     exact_topk<32>(sh, len, kk, k, start, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); }, out);
   }
+  mark(tl, kTlChunkRank, clock64() - t1);
+}
+
+// A row's chunk sets (set mode, K <= kSetMaxK) from global memory -> its top-K. The bound: tau,
+// the K-th largest of the chunks' published warp maxima (distinct elements of distinct warps, so
+// the row holds >= K elements >= tau; a chunk publishing only its kSetTop largest keeps it a
+// bound). A chunk's set holds every element of it that can make the row's top K (its elements >=
+// its own bound, or its top-kk), so the row's top K are the sets' entries >= tau: in a NumPy
+// model of bf16 rows of randn x 3 at bs=1 (17 chunks), 76 on average of the ~2500 the sets hold,
+// 88 at most over 100 rows. They are ranked by counting. Over kCandCap of them (ties): the exact
+// radix path over the whole row. `in`, `stats`, `meta`: the row's; work: set_merge_bytes of
+// shared memory. All threads call it.
+__host__ __device__ inline size_t set_merge_bytes(int splits, int k) {
+  return align16(size_t(splits + 1) * 4) + align16(size_t(splits) * kSetTop * 4) + size_t(k) * 8;
+}
+
+template <typename T>
+__device__ void merge_sets(const T* __restrict__ x_row, int64_t vocab, const unsigned long long* in,
+                           const float2* stats, const ChunkMeta* meta, int splits, int k, ChunkShared& sh,
+                           unsigned char* work, int64_t* out_ids, float* out_lp, float* out_lse,
+                           unsigned long long* tl) {
+  const int tid = threadIdx.x;
+  int* first = reinterpret_cast<int*>(work);                          // [splits + 1]: set starts
+  float* tops = reinterpret_cast<float*>(work + align16(size_t(splits + 1) * 4));  // [splits * per]
+  auto* list = reinterpret_cast<unsigned long long*>(work + align16(size_t(splits + 1) * 4) +
+                                                     align16(size_t(splits) * kSetTop * 4));  // [k]
+  const long long t0 = clock64();
+  const int per = min(kSetTop, k), n_tops = splits * per;  // K maxima of one chunk are plenty
+  for (int i = tid; i < n_tops; i += blockDim.x) tops[i] = __ldcg(&meta[i / per].top[i % per]);
+  if (tid < 32) {
+    const float lse = warp_lse(splits, [&](int j) { return __ldcg(stats + j); });
+    int carry = 0;  // set starts: an exclusive scan of the counts, 32 sets a step
+    for (int base = 0; base < splits; base += 32) {
+      const int c = base + tid < splits ? __ldcg(&meta[base + tid].count) : 0;
+      int incl = c;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(kFull, incl, off);
+        if (tid >= off) incl += y;
+      }
+      if (base + tid < splits) first[base + tid] = carry + incl - c;
+      carry += __shfl_sync(kFull, incl, 31);
+    }
+    if (tid == 0) {
+      first[splits] = carry;
+      sh.red[0] = lse;
+      sh.red[1] = -INFINITY;  // the bound, when fewer than K maxima are published
+      sh.count = 0;
+    }
+  }
+  __syncthreads();
+  // tau: the published maximum of rank K - 1 (value desc, position asc), by counting.
+  for (int i = tid; i < n_tops; i += blockDim.x) {
+    const float v = tops[i];
+    int better = 0;
+    for (int j = 0; j < n_tops; ++j) better += tops[j] > v || (tops[j] == v && j < i);
+    if (better == k - 1) sh.red[1] = v;
+  }
+  __syncthreads();
+  const long long t1 = clock64();
+  mark(tl, kTlMergeStage, t1 - t0);
+  // Entries >= tau (as keys: the composite's high word ~key(value) <= ~key(tau)).
+  const uint32_t limit = ~KeyTraits<float>::key(sh.red[1]);
+  const int total = first[splits];
+  for (int base = 0; base < total; base += blockDim.x) {  // the same trip count in every lane
+    const int t = base + tid;
+    bool pass = false;
+    unsigned long long c = 0;
+    if (t < total) {
+      int lo = 0, hi = splits;  // the set holding entry t: the last start <= t
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (first[mid] <= t) lo = mid; else hi = mid;
+      }
+      c = __ldcg(in + int64_t(lo) * kSetCap + (t - first[lo]));
+      pass = uint32_t(c >> 32) <= limit;
+    }
+    const int slot = warp_reserve(&sh.count, pass);
+    if (pass && slot < kCandCap) sh.cand[slot] = c;
+  }
+  __syncthreads();
+  const long long t2 = clock64();
+  mark(tl, kTlMergeBound, t2 - t1);
+  const int count = sh.count;
+  const float lse = sh.red[0];
+  auto emit = [&](unsigned long long c, int r) {
+    if (r < k) {
+      out_ids[r] = int64_t(c & 0xFFFFFFFFull);
+      out_lp[r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
+    }
+  };
+  if (count <= kCandCap) {
+    rank_by_count(sh.cand, count, emit);
+  } else {
+    exact_topk<32>(sh, int(vocab), k, k, 0,
+                   [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x_row[i])); }, list);
+    __syncthreads();
+    for (int r = tid; r < k; r += blockDim.x) emit(list[r], r);
+  }
+  if (tid == 0) *out_lse = lse;
+  mark(tl, kTlMergeRank, clock64() - t2);
 }
 
 // ---- top-K for many rows: one streaming pass per (row, split)
@@ -1137,31 +1351,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   write_ranked(sh, sh.count, kk, k, out);
 }
 
-// Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
-// records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
-// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
-// done, [4] last CTA end, [10] first chunk done, [15] (cluster variant) last CTA done appending
-// candidates (globaltimer ns); [5] row merge, [6] build
-// staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
-// comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records (SM cycles,
-// the largest over CTAs).
-enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
-                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlBound };
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-// Thread 0 of the CTA records: slots that keep a first time take the minimum, the rest the maximum.
-__device__ __forceinline__ void mark(unsigned long long* tl, int slot, unsigned long long value) {
-  if (tl == nullptr || threadIdx.x != 0) return;
-  if (slot == kTlStart || slot == kTlFirstChunk) atomicMin(tl + slot, value);
-  else atomicMax(tl + slot, value);
-}
-
-unsigned long long* g_timeline = nullptr;  // host side: passed to each fused launch
 
 // ---- the tree build of the fused path: one warp, the frontier in registers.
 //
@@ -1692,151 +1881,10 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
 }
 
 
-// ---- the fused launch's rows as thread-block clusters (sm_90)
-//
-// One cluster of `splits` (<= 16) CTAs per row, each scanning one chunk as draft_chunk does. In
-// the chunk version every CTA ranks its own candidates (~130 a chunk at bs=1: the bound only
-// knows its own chunk) and the row's last CTA merges 17 lists through L2 behind a counter: at
-// bs=1 the chunks finished between 4.3 and 7.8 us and the merge took 4.7 more. Here the cluster
-// agrees on one bound for the whole row through distributed shared memory:
-//   * each CTA publishes v, its q-th largest per-thread maximum (q = ceil(K / splits)): q
-//     distinct elements of its chunk are >= v, so the row holds >= K elements >= tau, the
-//     smallest v of the cluster;
-//   * every CTA reads the cluster's v, appends its elements >= tau to CTA 0's candidate buffer
-//     (one remote atomic per warp) and its warps' (max, sum of exp) to CTA 0's partials;
-//   * CTA 0 ranks the row's candidates by counting (bf16 rows of randn x 3 at K = 64, 16 CTAs,
-//     in a NumPy model of this bound: 138 candidates on average, 274 at most over 200 rows) and
-//     writes the row. Flooded by ties (over kCandCap candidates): CTA 0 takes the exact radix
-//     path over the whole row (slow, and only for rows of a few distinct values).
-// Remote shared memory is touched only between the two cluster barriers: after the first every
-// CTA of the cluster is running, and none leaves before the second.
-constexpr int kClusterMax = 16;  // the non-portable cluster size limit of sm_90
-
-// The cluster variant's use of the dynamic shared memory after ChunkShared (CTA 0's partials,
-// then the warps' leading maxima, which the flooded path reuses for its list of K).
-constexpr size_t kClusterStatsBytes = size_t(kClusterMax) * kDraftWarps * sizeof(float2);
-constexpr size_t kClusterExtraBytes = kClusterStatsBytes + size_t(kDraftWarps) * 32 * sizeof(unsigned long long);
-
-// Row `x_row` by the cluster of the calling CTA. Returns true in the CTA that wrote the row
-// (cluster rank 0); all threads of every CTA call it.
-template <typename T>
-__device__ bool cluster_row(const T* __restrict__ x_row, int64_t vocab, int chunk, int splits, int k,
-                            ChunkShared& sh, unsigned char* extra, int64_t* out_ids, float* out_lp, float* out_lse,
-                            unsigned long long* tl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // the host launches this variant only on sm_90 and later
-  return false;
-#else
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  constexpr int kVec = 16 / sizeof(T);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int rank = int(cluster.block_rank());
-  const int64_t start = int64_t(rank) * chunk;
-  const int len = int(min(int64_t(chunk), vocab - start));
-  auto* stats = reinterpret_cast<float2*>(extra);                                       // CTA 0's
-  auto* lead = reinterpret_cast<unsigned long long*>(extra + kClusterStatsBytes);       // [warps * qw]
-  uint4 raw[kDraftVecs];
-  float tmax, tsum;
-  scan_chunk<T>(x_row + start, len, raw, tmax, tsum);
-  const float sorted = warp_sort_desc(tmax);
-  const float wmax = __shfl_sync(kFull, sorted, 0);
-  float wsum = tsum > 0.f ? tsum * ex2_approx((tmax - wmax) * kLog2e) : 0.f;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(kFull, wsum, off);
-  // v: the CTA's q-th largest per-thread maximum, which is among the warps' q largest.
-  const int q = (k + splits - 1) / splits, qw = min(q, 32);  // q <= K <= 256 <= warps x 32
-  if (lane < qw) lead[warp * qw + lane] = composite(KeyTraits<float>::key(sorted), warp * qw + lane);
-  if (tid == 0) sh.count = 0;
-  __syncthreads();
-  for (int i = tid; i < kDraftWarps * qw; i += blockDim.x) {
-    const unsigned long long mine = lead[i];
-    int better = 0;
-    for (int j = 0; j < kDraftWarps * qw; ++j) better += lead[j] < mine;
-    if (better == q - 1) sh.red[0] = KeyTraits<float>::value(~uint32_t(mine >> 32));
-  }
-  if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
-  cluster.sync();  // every v is published, every CTA of the cluster is running
-  float tau = lane < splits ? *cluster.map_shared_rank(&sh.red[0], lane) : INFINITY;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) tau = fminf(tau, __shfl_xor_sync(kFull, tau, off));
-  ChunkShared* sh0 = cluster.map_shared_rank(&sh, 0);
-  if (lane == 0) cluster.map_shared_rank(stats, 0)[rank * kDraftWarps + warp] = make_float2(wmax, wsum);
-  // Candidates: values >= tau (tau = -inf: every element of the chunk; then positions count).
-  int mine = 0;
-  if (tmax >= tau) {
-#pragma unroll
-    for (int v = 0; v < kDraftVecs; ++v) {
-      const int first = (v * kDraftThreads + tid) * kVec;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float f = vec_elem<T>(raw[v], j);
-        mine += f >= tau && (tau != -INFINITY || first + j < len);
-      }
-    }
-  }
-  if (__any_sync(kFull, mine > 0)) {
-    int incl = mine;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int y = __shfl_up_sync(kFull, incl, off);
-      if (lane >= off) incl += y;
-    }
-    int base = 0;
-    if (lane == 31) base = atomicAdd(&sh0->count, incl);
-    int pos = __shfl_sync(kFull, base, 31) + incl - mine;
-    if (mine > 0) {
-#pragma unroll
-      for (int v = 0; v < kDraftVecs; ++v) {
-        const int first = (v * kDraftThreads + tid) * kVec;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float f = vec_elem<T>(raw[v], j);
-          if (f >= tau && (tau != -INFINITY || first + j < len)) {
-            if (pos < kCandCap) sh0->cand[pos] = composite(KeyTraits<float>::key(f), start + first + j);
-            ++pos;
-          }
-        }
-      }
-    }
-  }
-  if (tl != nullptr) mark(tl, kTlBound, global_ns());
-  cluster.sync();  // the row's candidates and partials are in CTA 0
-  if (rank != 0) return false;
-  const long long t0 = clock64();
-  const int count = sh.count;
-  if (warp == 0) {
-    const float lse = warp_lse(splits * kDraftWarps, [&](int j) { return stats[j]; });
-    if (lane == 0) sh.red[1] = lse;
-  }
-  __syncthreads();
-  const float lse = sh.red[1];
-  auto emit = [&](unsigned long long c, int r) {
-    if (r < k) {
-      out_ids[r] = int64_t(c & 0xFFFFFFFFull);
-      out_lp[r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
-    }
-  };
-  if (count <= kCandCap) {
-    rank_by_count(sh.cand, count, emit);
-  } else {
-    exact_topk<32>(sh, int(vocab), k, k, 0,
-                   [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x_row[i])); }, lead);
-    __syncthreads();
-    for (int r = tid; r < k; r += blockDim.x) emit(lead[r], r);
-  }
-  if (tid == 0) *out_lse = lse;
-  if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
-  return true;
-#endif
-}
-
-// kCluster: the row is one thread-block cluster (cluster_row); otherwise its CTAs meet through a
-// counter and the last one merges the chunk lists (draft_chunk, merge_row).
-template <typename T, int F, bool kCluster>
+template <typename T, int F>
 __global__ void __launch_bounds__(kDraftThreads, 2)
     draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
-                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats,
+                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats, ChunkMeta* __restrict__ ws_meta,
                  unsigned* __restrict__ row_done, unsigned* __restrict__ req_done, int64_t* __restrict__ out_ids,
                  float* __restrict__ out_lp, float* __restrict__ out_lse, int32_t* __restrict__ num_nodes,
                  int64_t* __restrict__ tokens, int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
@@ -1847,36 +1895,38 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
   unsigned char* extra = smem_raw + align16(sizeof(ChunkShared));
   const int64_t row = blockIdx.y;
+  const int split = blockIdx.x;
+  const int64_t start = int64_t(split) * chunk;
+  const int len = int(min(int64_t(chunk), vocab - start));
+  const bool sets = k <= kSetMaxK;
+  const int slot = sets ? kSetCap : k;
+  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * slot;
+  ChunkMeta* row_meta = ws_meta + row * splits;
   if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
-  if constexpr (kCluster) {
-    if (!cluster_row<T>(logits + row * vocab, vocab, chunk, splits, k, sh, extra, out_ids + row * k,
-                        out_lp + row * k, out_lse + row, tl))
-      return;
+  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * slot,
+                 ws_stats + row * splits + split, sets ? row_meta + split : nullptr, tl);
+  if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
+  // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
+    if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
+    sh.last = last;
+  }
+  __syncthreads();
+  if (!sh.last) return;
+  __threadfence();
+  long long t0 = clock64();
+  if (sets) {
+    merge_sets<T>(logits + row * vocab, vocab, row_cand, ws_stats + row * splits, row_meta, splits, k, sh, extra,
+                  out_ids + row * k, out_lp + row * k, out_lse + row, tl);
   } else {
-    const int split = blockIdx.x;
-    const int64_t start = int64_t(split) * chunk;
-    const int len = int(min(int64_t(chunk), vocab - start));
-    unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
-    draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
-                   ws_stats + row * splits + split);
-    if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
-    // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
-      if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
-      sh.last = last;
-    }
-    __syncthreads();
-    if (!sh.last) return;
-    __threadfence();
-    const long long t0 = clock64();
     merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
               sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
               out_ids + row * k, out_lp + row * k, out_lse + row);
-    if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
   }
+  if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
   if (budget == 0) return;  // top-K only
   const int b = int(row / L);
   __threadfence();
@@ -1891,7 +1941,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __threadfence();
   // Last row of request b: the tree and its mask.
   const BuildSmem s = carve_build_smem(extra, L, k, budget);
-  long long t0 = clock64();
+  t0 = clock64();
   stage_build(s, out_lp + int64_t(b) * L * k, L, k, budget, threadIdx.x, blockDim.x);
   __syncthreads();
   long long t1 = clock64();
@@ -2011,12 +2061,11 @@ __global__ void compact_kv_kernel(Word* __restrict__ cache, int64_t row_words, c
 
 // ---- fused path launchers
 
-// max_splits: the counter variant's merge stages splits * k entries (<= 32 KB); a cluster holds
-// at most kClusterMax CTAs.
-inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms, int64_t max_splits) {
+inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, int sms) {
   const int64_t cap = int64_t(kDraftThreads) * kDraftVecs * 16 / elem_bytes;  // a multiple of 16
   const int64_t min_splits = (vocab + cap - 1) / cap;
   int64_t splits = 2 * int64_t(sms) / rows;  // small batches: about two CTAs per SM
+  const int64_t max_splits = 4096 / k;       // the merge stages splits * k entries (<= 32 KB)
   if (splits > max_splits) splits = max_splits;
   if (splits < min_splits) splits = min_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
@@ -2026,60 +2075,26 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
   return TopkPlan{int(splits), int(chunk)};
 }
 
-// The workspace and shared memory of the counter variant (the cluster variant uses its counters
-// only, and less shared memory).
 struct DraftLayout {
   TopkPlan plan;
-  int64_t cand_bytes, stats_bytes, counter_bytes;
-  size_t smem, build_smem;
+  int64_t cand_bytes, stats_bytes, meta_bytes, counter_bytes;
+  size_t smem;
 };
 
 inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t vocab, int k, int budget) {
   DraftLayout d;
   const int64_t rows = bs * L;
-  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count(), 4096 / k);
-  d.cand_bytes = rows * d.plan.splits * int64_t(k) * 8;
+  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count());
+  const bool sets = k <= kSetMaxK;
+  d.cand_bytes = rows * d.plan.splits * int64_t(sets ? kSetCap : k) * 8;
   d.stats_bytes = rows * d.plan.splits * 8;
+  d.meta_bytes = sets ? int64_t(align16(size_t(rows * d.plan.splits) * sizeof(ChunkMeta))) : 0;
   d.counter_bytes = (rows + bs) * 4;
-  const size_t merge = (size_t(d.plan.splits) * k + kMergeCap) * 8;
+  const size_t merge = sets ? set_merge_bytes(d.plan.splits, k) : (size_t(d.plan.splits) * k + kMergeCap) * 8;
   const int side = budget + 1, words = (side + 31) / 32;
-  d.build_smem = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
-  d.smem = align16(sizeof(ChunkShared)) + (merge > d.build_smem ? merge : d.build_smem);
+  const size_t build = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
+  d.smem = align16(sizeof(ChunkShared)) + (merge > build ? merge : build);
   return d;
-}
-
-// Whether the cluster variant can run a row as `splits` CTAs with this much shared memory:
-// sm_90 or later, and such a cluster fits on the GPU (answers cached per cluster size).
-// DDTREE_FUSED=chunks forces the counter variant (tuning, read once).
-template <auto Kernel>
-bool cluster_fits(int splits, size_t smem) {
-  static const bool usable = [] {
-    const char* v = std::getenv("DDTREE_FUSED");
-    if (v != nullptr && std::strcmp(v, "chunks") == 0) return false;
-    int device = 0, major = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    return major >= 9 && cudaFuncSetAttribute(Kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-  }();
-  if (!usable || splits > kClusterMax) return false;
-  static size_t fits[kClusterMax + 1] = {}, fails[kClusterMax + 1] = {};  // largest fitting, smallest not
-  if (smem <= fits[splits]) return true;
-  if (fails[splits] != 0 && smem >= fails[splits]) return false;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(splits));
-  cfg.blockDim = dim3(kDraftThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = unsigned(splits);
-  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  const bool ok = cudaOccupancyMaxActiveClusters(&clusters, Kernel, &cfg) == cudaSuccess && clusters > 0;
-  (void)cudaGetLastError();  // a refusal is an answer here, not the caller's error
-  if (ok) fits[splits] = smem; else fails[splits] = smem;
-  return ok;
 }
 
 template <typename T, int F>
@@ -2091,35 +2106,15 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
   auto* bytes = static_cast<unsigned char*>(workspace);
   auto* ws_cand = reinterpret_cast<unsigned long long*>(bytes);
   auto* ws_stats = reinterpret_cast<float2*>(bytes + d.cand_bytes);
-  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes);
+  auto* meta = reinterpret_cast<ChunkMeta*>(bytes + d.cand_bytes + d.stats_bytes);
+  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes + d.meta_bytes);
+  cudaError_t err = allow_smem_once<draft_kernel<T, F>>();
+  if (err != cudaSuccess) return err;
+  err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
+  if (err != cudaSuccess) return err;
   const int64_t rows = int64_t(bs) * L;
-  cudaError_t err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
-  if (err != cudaSuccess) return err;
-  const TopkPlan cplan = draft_plan(rows, vocab, k, sizeof(T), sm_count(), kClusterMax);
-  const size_t csmem = align16(sizeof(ChunkShared)) +
-                       (kClusterExtraBytes > d.build_smem ? kClusterExtraBytes : d.build_smem);
-  constexpr auto cluster_kernel = draft_kernel<T, F, true>;
-  if (allow_smem_once<cluster_kernel>() == cudaSuccess && cluster_fits<cluster_kernel>(cplan.splits, csmem)) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(cplan.splits), unsigned(rows));
-    cfg.blockDim = dim3(kDraftThreads);
-    cfg.dynamicSmemBytes = csmem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = unsigned(cplan.splits);
-    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, cluster_kernel, static_cast<const T*>(logits), vocab, L, cplan.chunk,
-                              cplan.splits, k, budget, ws_cand, ws_stats, counters, counters + rows, ids, lp, lse,
-                              num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, vis_packed,
-                              g_timeline);
-  }
-  err = allow_smem_once<draft_kernel<T, F, false>>();
-  if (err != cudaSuccess) return err;
-  draft_kernel<T, F, false><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
-      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, counters,
+  draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
+      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, meta, counters,
       counters + rows, ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis,
       vis_packed, g_timeline);
   return cudaGetLastError();
@@ -2215,7 +2210,7 @@ inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget
 
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
   const DraftLayout d = draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget);
-  return d.cand_bytes + d.stats_bytes + d.counter_bytes;
+  return d.cand_bytes + d.stats_bytes + d.meta_bytes + d.counter_bytes;
 }
 
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
