@@ -21,8 +21,7 @@ PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the fir
     ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
     ("  comb", 11, "cyc"), ("  comb select", 12, "cyc"), ("  gather E", 13, "cyc"), ("  rank+records", 14, "cyc"),
     ("| chunk scan", 15, "cyc"), ("chunk sort", 16, "cyc"), ("chunk candidates", 17, "cyc"), ("chunk rank", 18, "cyc"),
-    ("| merge stage+bound", 19, "cyc"), ("merge filter", 20, "cyc"), ("merge rank", 21, "cyc"),
-    ("| most chunk candidates", 22, "n"),
+    ("| most chunk candidates", 19, "n"),
 ]
 
 

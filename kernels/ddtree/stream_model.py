@@ -1,9 +1,7 @@
-"""How many candidates the top-K bounds let through (NumPy models of the candidate rules, no
-GPU): the figures quoted in README.md ("The streaming top-K", "The fused launch") come from here.
+"""How many candidates the streaming top-K's bound lets through (a NumPy model of its candidate
+rule, no GPU): the figures quoted in README.md ("The streaming top-K") come from here.
 
     python -m kernels.ddtree.stream_model [--rows 300] [--k 64]
-
-stream_row models the streaming kernel (past 128 rows); fused_row the fused launch's set mode.
 
 Per row: 512 threads, 2 vectors of 8 bf16 logits per thread and step (thread t gets vectors
 u * 512 + t of the step); the bound tau is the smallest over the 16 warps of the warp's q-th
@@ -52,36 +50,6 @@ def stream_row(row: np.ndarray, k: int) -> tuple[int, np.ndarray]:
     return len(staged_vecs), staged_vecs[staged_vecs >= bound(lane_max, q)]
 
 
-def fused_row(row: np.ndarray, k: int, splits: int = 17, set_cap: int = 512,
-              set_top: int = 8) -> tuple[int, np.ndarray]:
-    """The fused launch's set mode on one row: (the most candidates a chunk found, the values of
-    the chunk sets' entries that pass the row's bound). A chunk of 512 threads holds vectors
-    (v * 512 + t) * 8 .. + 8 of its range; its bound is the smallest over its 16 warps of the
-    warp's q-th largest thread maximum (q = ceil(K / 16)); its set is its elements >= that bound
-    (its top K when over set_cap); it publishes its set_top largest warp maxima; the row's bound
-    is the K-th largest published maximum (of each chunk's min(set_top, K))."""
-    q = -(-k // WARPS)
-    chunk = -(-len(row) // splits)
-    chunk = -(-chunk // 16) * 16
-    most, published, sets = 0, [], []
-    for start in range(0, len(row), chunk):
-        part = row[start:start + chunk]
-        vecs = -(-len(part) // VEC)
-        grid = np.full((-(-vecs // THREADS)) * THREADS * VEC, -np.inf)
-        grid[:len(part)] = part
-        lane_max = grid.reshape(-1, THREADS, VEC).max(axis=(0, 2))  # [v, thread, j] -> per thread
-        tau = bound(lane_max, q)
-        cand = part[part >= tau]
-        most = max(most, len(cand))
-        sets.append(cand if len(cand) <= set_cap else np.sort(part)[-min(k, len(part)):])
-        warp_max = np.sort(lane_max.reshape(WARPS, 32).max(axis=1))[::-1]
-        published.extend(warp_max[:min(set_top, k)])
-    pub = np.sort(np.array(published))[::-1]
-    tau_row = pub[k - 1] if len(pub) >= k else -np.inf
-    every = np.concatenate(sets)
-    return most, every[every >= tau_row]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=300)
@@ -90,10 +58,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = (torch.randn(args.rows, 151936) * 3).to(torch.bfloat16).float().numpy()
     res = np.array([(n, len(kept)) for n, kept in (stream_row(r, args.k) for r in rows)])
-    fused = np.array([(n, len(kept)) for n, kept in (fused_row(r, args.k) for r in rows)])
-    for name, col in (("streaming: vectors staged", res[:, 0]), ("streaming: survivors of the final bound", res[:, 1]),
-                      ("fused (17 chunks): the most candidates of a chunk", fused[:, 0]),
-                      ("fused: set entries past the row's bound", fused[:, 1])):
+    for name, col in (("vectors staged", res[:, 0]), ("survivors of the final bound", res[:, 1])):
         print(f"{name}: mean {col.mean():.0f}, p99 {np.percentile(col, 99):.0f}, max {col.max()}, min {col.min()}")
 
 

@@ -103,13 +103,11 @@ struct ChunkShared {
 // staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
 // comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records; inside a
 // chunk CTA [15] loads to per-thread max and sum, [16] the warps' sort and the barrier, [17] the
-// candidates and the barrier, [18] ranking and writing its list (or set); inside the set-mode row
-// merge [19] staging and its bound, [20] the entries above the bound, [21] ranking and writing
-// the row (SM cycles, the largest over CTAs); [22] the most candidates a chunk found.
+// candidates and the barrier, [18] ranking and writing its list (SM cycles, the largest over
+// CTAs); [19] the most candidates a chunk found.
 enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
                     kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkSort,
-                    kTlChunkCand, kTlChunkRank, kTlMergeStage, kTlMergeBound, kTlMergeRank, kTlChunkCount,
-                    kTlSlots };
+                    kTlChunkCand, kTlChunkRank, kTlChunkCount, kTlSlots };
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -793,14 +791,6 @@ constexpr int kDraftThreads = kTopkThreads;  // shares ChunkShared and the ranki
 constexpr int kDraftWarps = kDraftThreads / 32;
 constexpr int kDraftVecs = 4;  // 16-byte vectors per thread: chunks up to 32 KB (6 spilled at 64 registers)
 constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
-// Set mode (K <= kSetMaxK): a chunk hands the row merge its candidates unranked (up to kSetCap)
-// with its kSetTop largest warp maxima; ranking each chunk's ~150 candidates by counting was the
-// chunk CTAs' largest stage (3-4 us at bs=1, on the launch's critical path).
-constexpr int kSetMaxK = 64, kSetCap = 512, kSetTop = 8;
-struct ChunkMeta {
-  int count;            // entries in the chunk's slot
-  float top[kSetTop];   // its largest warp maxima, descending
-};
 constexpr unsigned kFull = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -903,12 +893,10 @@ __device__ __forceinline__ float warp_sort_desc(float v) {
   return v;
 }
 
-// The chunk's (max, sum of exp) into *stat and its top-kk into out: sorted and padded to k (list
-// mode, meta null), or, in set mode (meta: this chunk's ChunkMeta), its candidates as they came
-// when at most kSetCap, else its top-kk sorted, with their count and the warps' leading maxima.
+// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
 template <typename T>
 __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
-                            unsigned long long* out, float2* stat, ChunkMeta* meta, unsigned long long* tl) {
+                            unsigned long long* out, float2* stat, unsigned long long* tl) {
   constexpr int kVec = 16 / sizeof(T);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long t0 = clock64();
@@ -981,124 +969,12 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
     *stat = make_float2(m, total);
   }
   const int count = sh.count;
-  if (meta != nullptr) {
-    if (warp == 0) {  // the chunk's kSetTop largest warp maxima, for the merge's bound
-      const float top = warp_sort_desc(lane < kDraftWarps ? wmax_s[lane] : -INFINITY);
-      if (lane < kSetTop) meta->top[lane] = top;
-      if (lane == 0) meta->count = count <= kSetCap ? count : kk;
-    }
-    if (count <= kSetCap) {
-      for (int i = tid; i < count; i += blockDim.x) out[i] = sh.cand[i];
-      mark(tl, kTlChunkRank, clock64() - t1);
-      return;
-    }
-  }
   if (count <= kCandCap) {
     write_ranked(sh, count, kk, k, out);
   } else {
     exact_topk<32>(sh, len, kk, k, start, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); }, out);
   }
   mark(tl, kTlChunkRank, clock64() - t1);
-}
-
-// A row's chunk sets (set mode, K <= kSetMaxK) from global memory -> its top-K. The bound: tau,
-// the K-th largest of the chunks' published warp maxima (distinct elements of distinct warps, so
-// the row holds >= K elements >= tau; a chunk publishing only its kSetTop largest keeps it a
-// bound). A chunk's set holds every element of it that can make the row's top K (its elements >=
-// its own bound, or its top-kk), so the row's top K are the sets' entries >= tau: in a NumPy
-// model of bf16 rows of randn x 3 at bs=1 (17 chunks), 76 on average of the ~2500 the sets hold,
-// 88 at most over 100 rows. They are ranked by counting. Over kCandCap of them (ties): the exact
-// radix path over the whole row. `in`, `stats`, `meta`: the row's; work: set_merge_bytes of
-// shared memory. All threads call it.
-__host__ __device__ inline size_t set_merge_bytes(int splits, int k) {
-  return align16(size_t(splits + 1) * 4) + align16(size_t(splits) * kSetTop * 4) + size_t(k) * 8;
-}
-
-template <typename T>
-__device__ void merge_sets(const T* __restrict__ x_row, int64_t vocab, const unsigned long long* in,
-                           const float2* stats, const ChunkMeta* meta, int splits, int k, ChunkShared& sh,
-                           unsigned char* work, int64_t* out_ids, float* out_lp, float* out_lse,
-                           unsigned long long* tl) {
-  const int tid = threadIdx.x;
-  int* first = reinterpret_cast<int*>(work);                          // [splits + 1]: set starts
-  float* tops = reinterpret_cast<float*>(work + align16(size_t(splits + 1) * 4));  // [splits * per]
-  auto* list = reinterpret_cast<unsigned long long*>(work + align16(size_t(splits + 1) * 4) +
-                                                     align16(size_t(splits) * kSetTop * 4));  // [k]
-  const long long t0 = clock64();
-  const int per = min(kSetTop, k), n_tops = splits * per;  // K maxima of one chunk are plenty
-  for (int i = tid; i < n_tops; i += blockDim.x) tops[i] = __ldcg(&meta[i / per].top[i % per]);
-  if (tid < 32) {
-    const float lse = warp_lse(splits, [&](int j) { return __ldcg(stats + j); });
-    int carry = 0;  // set starts: an exclusive scan of the counts, 32 sets a step
-    for (int base = 0; base < splits; base += 32) {
-      const int c = base + tid < splits ? __ldcg(&meta[base + tid].count) : 0;
-      int incl = c;
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(kFull, incl, off);
-        if (tid >= off) incl += y;
-      }
-      if (base + tid < splits) first[base + tid] = carry + incl - c;
-      carry += __shfl_sync(kFull, incl, 31);
-    }
-    if (tid == 0) {
-      first[splits] = carry;
-      sh.red[0] = lse;
-      sh.red[1] = -INFINITY;  // the bound, when fewer than K maxima are published
-      sh.count = 0;
-    }
-  }
-  __syncthreads();
-  // tau: the published maximum of rank K - 1 (value desc, position asc), by counting.
-  for (int i = tid; i < n_tops; i += blockDim.x) {
-    const float v = tops[i];
-    int better = 0;
-    for (int j = 0; j < n_tops; ++j) better += tops[j] > v || (tops[j] == v && j < i);
-    if (better == k - 1) sh.red[1] = v;
-  }
-  __syncthreads();
-  const long long t1 = clock64();
-  mark(tl, kTlMergeStage, t1 - t0);
-  // Entries >= tau (as keys: the composite's high word ~key(value) <= ~key(tau)).
-  const uint32_t limit = ~KeyTraits<float>::key(sh.red[1]);
-  const int total = first[splits];
-  for (int base = 0; base < total; base += blockDim.x) {  // the same trip count in every lane
-    const int t = base + tid;
-    bool pass = false;
-    unsigned long long c = 0;
-    if (t < total) {
-      int lo = 0, hi = splits;  // the set holding entry t: the last start <= t
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (first[mid] <= t) lo = mid; else hi = mid;
-      }
-      c = __ldcg(in + int64_t(lo) * kSetCap + (t - first[lo]));
-      pass = uint32_t(c >> 32) <= limit;
-    }
-    const int slot = warp_reserve(&sh.count, pass);
-    if (pass && slot < kCandCap) sh.cand[slot] = c;
-  }
-  __syncthreads();
-  const long long t2 = clock64();
-  mark(tl, kTlMergeBound, t2 - t1);
-  const int count = sh.count;
-  const float lse = sh.red[0];
-  auto emit = [&](unsigned long long c, int r) {
-    if (r < k) {
-      out_ids[r] = int64_t(c & 0xFFFFFFFFull);
-      out_lp[r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
-    }
-  };
-  if (count <= kCandCap) {
-    rank_by_count(sh.cand, count, emit);
-  } else {
-    exact_topk<32>(sh, int(vocab), k, k, 0,
-                   [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x_row[i])); }, list);
-    __syncthreads();
-    for (int r = tid; r < k; r += blockDim.x) emit(list[r], r);
-  }
-  if (tid == 0) *out_lse = lse;
-  mark(tl, kTlMergeRank, clock64() - t2);
 }
 
 // ---- top-K for many rows: one streaming pass per (row, split)
@@ -1884,7 +1760,7 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
 template <typename T, int F>
 __global__ void __launch_bounds__(kDraftThreads, 2)
     draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
-                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats, ChunkMeta* __restrict__ ws_meta,
+                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats,
                  unsigned* __restrict__ row_done, unsigned* __restrict__ req_done, int64_t* __restrict__ out_ids,
                  float* __restrict__ out_lp, float* __restrict__ out_lse, int32_t* __restrict__ num_nodes,
                  int64_t* __restrict__ tokens, int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
@@ -1898,13 +1774,10 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   const int split = blockIdx.x;
   const int64_t start = int64_t(split) * chunk;
   const int len = int(min(int64_t(chunk), vocab - start));
-  const bool sets = k <= kSetMaxK;
-  const int slot = sets ? kSetCap : k;
-  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * slot;
-  ChunkMeta* row_meta = ws_meta + row * splits;
+  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
   if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
-  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * slot,
-                 ws_stats + row * splits + split, sets ? row_meta + split : nullptr, tl);
+  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
+                 ws_stats + row * splits + split, tl);
   if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
   // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
   __threadfence();
@@ -1918,14 +1791,9 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   if (!sh.last) return;
   __threadfence();
   long long t0 = clock64();
-  if (sets) {
-    merge_sets<T>(logits + row * vocab, vocab, row_cand, ws_stats + row * splits, row_meta, splits, k, sh, extra,
-                  out_ids + row * k, out_lp + row * k, out_lse + row, tl);
-  } else {
-    merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
-              sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
-              out_ids + row * k, out_lp + row * k, out_lse + row);
-  }
+  merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
+            sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
+            out_ids + row * k, out_lp + row * k, out_lse + row);
   if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
   if (budget == 0) return;  // top-K only
   const int b = int(row / L);
@@ -2077,7 +1945,7 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
 
 struct DraftLayout {
   TopkPlan plan;
-  int64_t cand_bytes, stats_bytes, meta_bytes, counter_bytes;
+  int64_t cand_bytes, stats_bytes, counter_bytes;
   size_t smem;
 };
 
@@ -2085,12 +1953,10 @@ inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t v
   DraftLayout d;
   const int64_t rows = bs * L;
   d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count());
-  const bool sets = k <= kSetMaxK;
-  d.cand_bytes = rows * d.plan.splits * int64_t(sets ? kSetCap : k) * 8;
+  d.cand_bytes = rows * d.plan.splits * int64_t(k) * 8;
   d.stats_bytes = rows * d.plan.splits * 8;
-  d.meta_bytes = sets ? int64_t(align16(size_t(rows * d.plan.splits) * sizeof(ChunkMeta))) : 0;
   d.counter_bytes = (rows + bs) * 4;
-  const size_t merge = sets ? set_merge_bytes(d.plan.splits, k) : (size_t(d.plan.splits) * k + kMergeCap) * 8;
+  const size_t merge = (size_t(d.plan.splits) * k + kMergeCap) * 8;
   const int side = budget + 1, words = (side + 31) / 32;
   const size_t build = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
   d.smem = align16(sizeof(ChunkShared)) + (merge > build ? merge : build);
@@ -2106,15 +1972,14 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
   auto* bytes = static_cast<unsigned char*>(workspace);
   auto* ws_cand = reinterpret_cast<unsigned long long*>(bytes);
   auto* ws_stats = reinterpret_cast<float2*>(bytes + d.cand_bytes);
-  auto* meta = reinterpret_cast<ChunkMeta*>(bytes + d.cand_bytes + d.stats_bytes);
-  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes + d.meta_bytes);
+  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes);
   cudaError_t err = allow_smem_once<draft_kernel<T, F>>();
   if (err != cudaSuccess) return err;
   err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
   if (err != cudaSuccess) return err;
   const int64_t rows = int64_t(bs) * L;
   draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
-      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, meta, counters,
+      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, counters,
       counters + rows, ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis,
       vis_packed, g_timeline);
   return cudaGetLastError();
@@ -2210,7 +2075,7 @@ inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget
 
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
   const DraftLayout d = draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget);
-  return d.cand_bytes + d.stats_bytes + d.meta_bytes + d.counter_bytes;
+  return d.cand_bytes + d.stats_bytes + d.counter_bytes;
 }
 
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
