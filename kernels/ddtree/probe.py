@@ -27,7 +27,7 @@ PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the fir
 
 def timeline(ext, x, k: int, budget: int, runs: int = 40) -> dict[str, float]:
     """Median phase times (us) of eager fused launches on logits x."""
-    slots = torch.zeros(24, dtype=torch.int64, device="cuda")
+    slots = torch.zeros(20, dtype=torch.int64, device="cuda")
     samples: dict[str, list[float]] = {label: [] for label, _, _ in PHASES}
     ext._set_timeline(slots)
     try:

@@ -254,15 +254,15 @@ void compact_kv(at::Tensor& cache, const at::Tensor& slot_base, const at::Tensor
 }  // namespace
 
 // Probe only (kernels/ddtree/probe.py, its phase table): later fused launches record phase times into
-// `slots` (int64 [24] on the GPU; the probe presets and reads it), None stops it.
+// `slots` (int64 [20] on the GPU; the probe presets and reads it), None stops it.
 void set_timeline(const c10::optional<at::Tensor>& slots) {
   if (!slots.has_value()) {
     ddtree::set_timeline_cuda(nullptr);
     return;
   }
   const at::Tensor& t = *slots;
-  DDTREE_CHECK(t.is_cuda() && t.scalar_type() == at::kLong && t.numel() >= 24 && t.is_contiguous(),
-               "timeline slots must be a contiguous CUDA int64 tensor of >= 24 elements");
+  DDTREE_CHECK(t.is_cuda() && t.scalar_type() == at::kLong && t.numel() >= 20 && t.is_contiguous(),
+               "timeline slots must be a contiguous CUDA int64 tensor of >= 20 elements");
   ddtree::set_timeline_cuda(t.data_ptr());
 }
 
@@ -278,7 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "logits [bs,L,V], budget, k -> ids, logprobs, lse, num_nodes, tokens, depths, ranks, parents, first_child, "
         "next_sibling, vis, vis_packed (vis and vis_packed None without the mask)");
   m.def("compact_kv", &compact_kv, "cache [slots,...], slot_base, accepted, accept_len (in place)");
-  m.def("_set_timeline", &set_timeline, "probe only: phase timestamps of fused launches into an int64 [24] tensor");
+  m.def("_set_timeline", &set_timeline, "probe only: phase timestamps of fused launches into an int64 [20] tensor");
 #ifdef WITH_CUDA
   m.attr("with_cuda") = true;
 #else

@@ -108,6 +108,7 @@ struct ChunkShared {
 enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
                     kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkSort,
                     kTlChunkCand, kTlChunkRank, kTlChunkCount, kTlSlots };
+static_assert(kTlSlots == 20, "bindings.cpp checks and probe.py allocates 20 timeline slots");
 
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -203,10 +204,9 @@ __device__ __forceinline__ int next_pow2(int n) {
 
 // Ranks n distinct keys a[0..n) (ascending = better) by counting: emit(key, number of better
 // keys) for each. Every thread reads the same key at once (a broadcast, no bank conflicts).
-// (Splitting each key's count over up to 8 lanes measured no faster at bs=1 or bs=64.) All
-// threads of the CTA call it.
-// Four counters: one made every compare wait on the previous one's add (a dependent chain of
-// two instructions per key in the SASS).
+// (Splitting each key's count over up to 8 lanes measured no faster at bs=1 or bs=64.) Four
+// counters, so the compares do not wait on one chain of adds (the SASS chained them; no faster
+// alone on the H200, and no slower). All threads of the CTA call it.
 template <typename Emit>
 __device__ void rank_by_count(const unsigned long long* a, int n, Emit emit) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
