@@ -156,6 +156,26 @@ def test_streaming_bound_keeps_the_top_k():
                 assert staged < 2048, (i, k, staged)
 
 
+def test_fused_row_bound_keeps_the_top_k():
+    """The fused launch's row bound (stream_model.fused_row mirrors draft_chunk): the elements >= tau
+    hold the row's K largest values, ties included, for the K and chunk counts the fused launch
+    uses; on real-looking rows the bound is tight (few candidates past K, none near a chunk's
+    slots), and with exact ties it still keeps them all (the kernel then redoes the row exactly)."""
+    from kernels.ddtree import stream_model
+    g = torch.Generator().manual_seed(11)
+    rows = [(torch.randn(151936, generator=g) * 3) for _ in range(2)]
+    rows.append(torch.randn(151936, generator=g) + torch.where(torch.rand(151936, generator=g) < 1e-3, 8.0, 0.0))
+    rows.append(torch.randint(0, 40, (151936,), generator=g).float() * 0.25)  # heavy exact ties
+    for i, row in enumerate(rows):
+        x = row.to(torch.bfloat16).float().numpy()
+        for k, splits in ((1, 17), (17, 17), (64, 17), (64, 10), (256, 16)):
+            tau, per_chunk = stream_model.fused_row(x, k, splits)
+            assert np.array_equal(np.sort(x[x >= tau])[-k:], np.sort(x)[-k:]), (i, k)
+            if i < 3:
+                cap = min(256, max(32, 4 * -(-k // splits)))  # draft_layout's slots per chunk
+                assert per_chunk.sum() <= 2 * k + 16 and per_chunk.max() <= cap, (i, k, per_chunk)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bs,L,V,B", CASES)
 def test_tree_build_matches_reference(ext, device, bs, L, V, B):

@@ -17,11 +17,11 @@ from .bench import graph_us
 SM_GHZ = 1.98  # H200 SM clock under load (Nsight reports 1.98): cycles -> us for the in-CTA phases
 PHASES = [  # (label, slot, kind): "ns" slots are globaltimer times from the first CTA start, "n" counts
     ("last CTA start", 1, "ns"), ("first chunk done", 10, "ns"), ("last chunk done", 2, "ns"),
-    ("last row merged", 3, "ns"), ("kernel end", 4, "ns"), ("row merge", 5, "cyc"),
-    ("build staging", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
+    ("top-K done", 3, "ns"), ("kernel end", 4, "ns"), ("rank rows", 5, "cyc"),
+    ("counter: load rows", 6, "cyc"), ("tree build", 7, "cyc"), ("tree write", 8, "cyc"), ("mask write", 9, "cyc"),
     ("  comb", 11, "cyc"), ("  comb select", 12, "cyc"), ("  gather E", 13, "cyc"), ("  rank+records", 14, "cyc"),
-    ("| chunk scan", 15, "cyc"), ("chunk sort", 16, "cyc"), ("chunk candidates", 17, "cyc"), ("chunk rank", 18, "cyc"),
-    ("| most chunk candidates", 19, "n"),
+    ("| chunk scan", 15, "cyc"), ("chunk bound+exchange", 16, "cyc"), ("counter: select+candidates", 17, "cyc"),
+    ("| rows redone exactly", 18, "n"), ("most candidates in a row", 19, "n"),
 ]
 
 

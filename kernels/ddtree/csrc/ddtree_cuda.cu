@@ -1,11 +1,14 @@
 // DDTree CUDA kernels. No torch headers: launchers take raw pointers and a cudaStream_t, so this
 // file compiles with plain nvcc (CI does that) and every op is CUDA-graph safe: no host sync, no
 // allocation, shapes fixed by the arguments.
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cstdlib>
 #include <cstring>
@@ -93,21 +96,22 @@ struct ChunkShared {
   uint32_t prefix, prefix_mask;
   int remaining, count, n_greater, eq_taken;
   int last;  // fused kernel: this CTA finished its row (or request) last
+  int role;  // fused kernel: 0 the row's bound arrives, 1 this CTA selects it for the row, 2 for itself
   typename cub::BlockScan<int, kTopkThreads>::TempStorage scan;
 };
 
 // Phase timestamps of the fused launch, for the probe (set_timeline_cuda; null, the default,
 // records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
-// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] last row merge
-// done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] row merge, [6] build
-// staging, [7] tree build, [8] tree write, [9] mask write, and inside the parallel build [11] the
-// comb, [12] its radix select, [13] the gather of E, [14] ranking, check and records; inside a
-// chunk CTA [15] loads to per-thread max and sum, [16] the warps' sort and the barrier, [17] the
-// candidates and the barrier, [18] ranking and writing its list (SM cycles, the largest over
-// CTAs); [19] the most candidates a chunk found.
+// totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] the request's
+// top-K done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] ranking the rows'
+// candidates, [6] loading and placing them, [7] tree build, [8] tree write, [9] mask write, and inside the
+// parallel build [11] the comb, [12] its radix select, [13] the gather of E, [14] ranking, check
+// and records; inside a chunk CTA [15] loads to per-thread max and sum, [16] publishing its keys
+// and waiting for the row's bound, [17] selecting it (the row's last CTA) and the candidates (SM
+// cycles, the largest over CTAs); [18] rows redone exactly, [19] the most candidates a row had.
 enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
-                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkSort,
-                    kTlChunkCand, kTlChunkRank, kTlChunkCount, kTlSlots };
+                    kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkBound,
+                    kTlChunkCand, kTlExactRows, kTlRowCands, kTlSlots };
 static_assert(kTlSlots == 20, "bindings.cpp checks and probe.py allocates 20 timeline slots");
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -204,15 +208,23 @@ __device__ __forceinline__ int next_pow2(int n) {
 
 // Ranks n distinct keys a[0..n) (ascending = better) by counting: emit(key, number of better
 // keys) for each. Every thread reads the same key at once (a broadcast, no bank conflicts).
-// (Splitting each key's count over up to 8 lanes measured no faster at bs=1 or bs=64, nor did
-// four counters in place of one.) All threads of the CTA call it.
+// Few keys are split over up to 32 lanes each (a row's ~70 candidates counted by 70 threads,
+// one key after another, took 1.8 us of the bs=1 launch). (Four counters in place of one
+// measured no faster.) All threads of the CTA call it.
 template <typename Emit>
 __device__ void rank_by_count(const unsigned long long* a, int n, Emit emit) {
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const unsigned long long mine = a[i];
+  int parts = 1;  // a power of two: a key's lanes are neighbours in one warp
+  while (parts < 32 && n * parts * 2 <= int(blockDim.x)) parts *= 2;
+  const int per_round = int(blockDim.x) / parts;
+  for (int base = 0; base < n; base += per_round) {  // the same trip count in every lane
+    const int i = base + int(threadIdx.x) / parts, part = int(threadIdx.x) % parts;
+    const unsigned long long mine = i < n ? a[i] : 0ull;
     int rank = 0;
-    for (int j = 0; j < n; ++j) rank += a[j] < mine;
-    emit(mine, rank);
+    if (i < n) {
+      for (int j = part; j < n; j += parts) rank += a[j] < mine;
+    }
+    for (int off = 1; off < parts; off <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, off);
+    if (i < n && part == 0) emit(mine, rank);
   }
 }
 
@@ -483,14 +495,13 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
   }
 }
 
-// logsumexp from n partials (max, sum of exp relative to it), stat(j) -> float2; one full warp
-// calls it (a lane per partial, so loads overlap); every lane gets the result.
-// The lane's first partial is read once (with <= 32 partials, the only one: a second pass of
-// loads through L2 was a second round trip).
+// logsumexp from n partials (max, sum of exp relative to it): `first` is partial `lane` (the
+// caller's load, so one that reads more with it needs one round trip), stat(j) -> float2 the
+// others past 32; one full warp calls it and every lane gets the result.
 template <typename StatAt>
-__device__ float warp_lse(int n, StatAt stat) {
+__device__ float warp_lse(int n, float2 first, StatAt stat) {
   const int lane = threadIdx.x & 31;
-  const float2 first = lane < n ? stat(lane) : make_float2(-INFINITY, 0.f);
+  if (lane >= n) first = make_float2(-INFINITY, 0.f);
   float m = first.x;
   for (int j = lane + 32; j < n; j += 32) m = fmaxf(m, stat(j).x);
 #pragma unroll
@@ -518,7 +529,9 @@ __device__ void merge_row(const unsigned long long* in, const float2* stats, int
   const int n = splits * k;
   for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = __ldcg(in + i);
   if (threadIdx.x < 32) {
-    const float lse = warp_lse(splits, [&](int j) { return __ldcg(stats + j); });
+    const int lane = threadIdx.x;
+    const float2 first = lane < splits ? __ldcg(stats + lane) : make_float2(-INFINITY, 0.f);
+    const float lse = warp_lse(splits, first, [&](int j) { return __ldcg(stats + j); });
     if (threadIdx.x == 0) lse_s = lse;
   }
   __syncthreads();
@@ -835,21 +848,21 @@ __device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
 // max, and each thread's max and sum of exp relative to it (out-of-chunk elements count as -inf;
 // no barrier). Vectors wholly past the chunk are skipped, not computed as -inf: at bs=1 a thread
 // holds 2-3 of its 4 (Nsight counted the chunk CTAs issue-bound, ~1100 instructions a warp).
-template <typename T>
-__device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[kDraftVecs],
-                                           float (&vmax)[kDraftVecs], float& tmax, float& tsum) {
+template <typename T, int Vecs>
+__device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[Vecs],
+                                           float (&vmax)[Vecs], float& tmax, float& tsum) {
   constexpr int kVec = 16 / sizeof(T);
   const int tid = threadIdx.x;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
 #pragma unroll
-  for (int v = 0; v < kDraftVecs; ++v) {
+  for (int v = 0; v < Vecs; ++v) {
     const int first = (v * kDraftThreads + tid) * kVec;
     if (aligned && first + kVec <= len) raw[v] = __ldcs(reinterpret_cast<const uint4*>(x + first));
     else raw[v] = load_partial(x, first, len);
   }
   tmax = -INFINITY;
 #pragma unroll
-  for (int v = 0; v < kDraftVecs; ++v) {
+  for (int v = 0; v < Vecs; ++v) {
     vmax[v] = -INFINITY;
     if ((v * kDraftThreads + tid) * kVec < len) {
 #pragma unroll
@@ -861,7 +874,7 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
   if (tmax != -INFINITY) {
     const float shift = tmax * kLog2e;
 #pragma unroll
-    for (int v = 0; v < kDraftVecs; ++v) {
+    for (int v = 0; v < Vecs; ++v) {
       if ((v * kDraftThreads + tid) * kVec < len) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
@@ -870,104 +883,229 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
   }
 }
 
-// The warp's values sorted descending across its lanes (bitonic, shuffles only).
-__device__ __forceinline__ float warp_sort_desc(float v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int size = 2; size <= 32; size <<= 1) {
-#pragma unroll
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      const float other = __shfl_xor_sync(kFull, v, stride);
-      const bool desc = (lane & size) == 0 || size == 32;
-      const bool lower = (lane & stride) == 0;
-      v = (lower == desc) ? fmaxf(v, other) : fminf(v, other);
-    }
-  }
+// How the fused launch bounds a row (draft_layout picks them): each warp offers its qw largest
+// per-thread maxima, each CTA publishes the qc largest of those, and a CTA writes at most `cap`
+// candidates (more: the row is redone exactly). Model: `python -m kernels.ddtree.stream_model --fused`.
+struct RowBound {
+  int qw, qc, cap;
+};
+
+constexpr unsigned long long kBoundWaitNs = 20000;  // then go on with what the row has published
+
+// Between CTAs. Published keys and the row's bound are self-validating 64-bit words (1 << 32 |
+// key; the workspace is zeroed before the launch), stored and polled relaxed: no fence sits on
+// the row's path (the release pattern, every publisher's fence and counter, then the last
+// one's loads, took ~3.4 us from the last publish to the bound at bs=1). The request's counter
+// is an acquire-release add after the CTA's barrier (CUTLASS's generic barrier pattern).
+__device__ __forceinline__ unsigned long long load_relaxed(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ void store_relaxed(unsigned long long* p, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ unsigned add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 
-// The chunk's top-kk (sorted, padded to k) into out and its (max, sum of exp) into *stat.
-template <typename T>
-__device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, ChunkShared& sh,
-                            unsigned long long* out, float2* stat, unsigned long long* tl) {
+// The warp's qw largest thread maxima as keys (a lane's is taken once: distinct elements) into
+// sh.tmax[warp * qw ..], then the CTA's max (returned; sh.red holds the warps'). Zeroes sh.count
+// and sh.prefix; contains the CTA's barrier. All threads call it.
+__device__ __forceinline__ float offer_keys(ChunkShared& sh, float tmax, int qw) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t mine = KeyTraits<float>::key(tmax);
+  for (int i = 0; i < qw; ++i) {
+    const uint32_t top = __reduce_max_sync(kFull, mine);
+    if (lane == 0) {
+      sh.tmax[warp * qw + i] = top;
+      if (i == 0) sh.red[warp] = KeyTraits<float>::value(top);
+    }
+    if (lane == __ffs(__ballot_sync(kFull, mine == top)) - 1) mine = 0;
+  }
+  if (tid == 0) { sh.count = 0; sh.prefix = 0; }
+  __syncthreads();
+  float m = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDraftWarps; w += 4) {  // 16-byte reads: sh.red is 16-byte aligned
+    const float4 a = *reinterpret_cast<const float4*>(sh.red + w);
+    m = fmaxf(m, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
+  }
+  return m;
+}
+
+// The CTA's qc largest offered keys (ties by slot): publish(rank, key) for rank < qc. One warp calls it.
+template <typename Publish>
+__device__ __forceinline__ void cta_keys(const uint32_t* offered_keys, RowBound rb, Publish publish) {
+  const int lane = threadIdx.x & 31, offered = kDraftWarps * rb.qw;
+  for (int i = lane; i < offered; i += 32) {
+    const uint32_t ki = offered_keys[i];
+    int rank = 0;
+    for (int j = 0; j < offered; ++j) {
+      const uint32_t kj = offered_keys[j];
+      rank += kj > ki || (kj == ki && j < i);
+    }
+    if (rank < rb.qc) publish(rank, ki);
+  }
+}
+
+// sh.prefix = the K-th largest of keys[0..n) (0, nothing, is never chosen: fewer than K keys leave
+// sh.prefix as it was, 0). Four threads count for each key; every key that is the K-th largest
+// writes the same value. All threads call it; the caller's barrier follows.
+__device__ __forceinline__ void select_kth_key(ChunkShared& sh, const uint32_t* keys, int n, int k) {
+  const int tid = threadIdx.x;
+  constexpr int kParts = 4;
+  for (int base = 0; base < n; base += kDraftThreads / kParts) {  // the same trip count everywhere
+    const int i = base + tid / kParts;
+    const uint32_t ki = i < n ? keys[i] : 0u;
+    int greater = 0, at_least = 0;
+    if (i < n) {
+      for (int j = tid % kParts; j < n; j += kParts) {
+        const uint32_t kj = keys[j];
+        greater += kj > ki;
+        at_least += kj >= ki;
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < kParts; off <<= 1) {
+      greater += __shfl_xor_sync(kFull, greater, off);
+      at_least += __shfl_xor_sync(kFull, at_least, off);
+    }
+    if (ki != 0u && tid % kParts == 0 && greater < k && at_least >= k) sh.prefix = ki;
+  }
+}
+
+// The thread's elements >= tau (the key tau_key; 0: -inf, every element of the chunk, positions
+// checked since vectors past the chunk hold -inf) into dst[slot * stride] for slot < cap, slots
+// reserved one atomic per warp on *counter (which counts past cap). Only vectors whose max
+// reaches tau are looked at. All threads call it.
+template <typename T, int Vecs>
+__device__ __forceinline__ void append_candidates(const uint4 (&raw)[Vecs], const float (&vmax)[Vecs],
+                                                  uint32_t tau_key, int len, int64_t start, int* counter,
+                                                  unsigned long long* dst, int64_t stride, int cap) {
   constexpr int kVec = 16 / sizeof(T);
+  const int tid = threadIdx.x;
+  const float tau = tau_key == 0u ? -INFINITY : KeyTraits<float>::value(tau_key);
+  auto take = [&](float f, int pos) { return f >= tau && (tau != -INFINITY || pos < len); };
+  int found = 0;
+#pragma unroll
+  for (int v = 0; v < Vecs; ++v) {
+    if (vmax[v] >= tau) {
+      const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) found += take(vec_elem<T>(raw[v], j), first + j);
+    }
+  }
+  if (!__any_sync(kFull, found > 0)) return;
+  int slot = warp_reserve(counter, found);
+#pragma unroll
+  for (int v = 0; v < Vecs; ++v) {
+    if (found > 0 && vmax[v] >= tau) {
+      const int first = (v * kDraftThreads + tid) * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float f = vec_elem<T>(raw[v], j);
+        if (take(f, first + j)) {
+          if (slot < cap) dst[slot * stride] = composite(KeyTraits<float>::key(f), start + first + j);
+          ++slot;
+        }
+      }
+    }
+  }
+}
+
+// One chunk of a row in the fused launch: its (max, sum of exp, candidate count) into *record and
+// its candidates, unranked, into cand[0..cap). Candidates are the elements >= tau, tau being the
+// K-th largest key the row's CTAs published: every published key is a distinct element (a thread's
+// maximum), so at least K elements are >= tau and none below it can make the row's top K (equal
+// ones are kept: ties go by token id). On bf16 rows of randn x 3 that leaves ~67 candidates a row
+// for K = 64 (the chunk-local bound this replaced let ~250 through per chunk, each chunk ranking
+// its own and a merge CTA merging the lists: 13.5 us of the bs=1 launch). The CTAs of a row wait
+// for each other's keys; the wait is bounded, since the grid need not be resident at once: keys
+// not yet published read as 0 (the workspace is zeroed before the launch) and a looser bound still
+// is one (fewer than K keys: tau = -inf, every element a candidate).
+template <typename T>
+__device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, int splits, int split,
+                            RowBound rb, ChunkShared& sh, unsigned long long* row_keys,
+                            unsigned long long* row_tau, unsigned long long* cand, int64_t cand_stride,
+                            float4* record, unsigned long long* tl) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long t0 = clock64();
   uint4 raw[kDraftVecs];
   float vmax[kDraftVecs], tmax, tsum;
-  scan_chunk<T>(x, len, raw, vmax, tmax, tsum);
+  scan_chunk<T, kDraftVecs>(x, len, raw, vmax, tmax, tsum);
   long long t1 = clock64();
   mark(tl, kTlChunkScan, t1 - t0);
-  const int kk = min(k, len);
-  const int q = (kk + kDraftWarps - 1) / kDraftWarps;  // <= 16 for K <= 256
-  const float sorted = warp_sort_desc(tmax);
-  const float wmax = __shfl_sync(kFull, sorted, 0);
-  const float wtau = __shfl_sync(kFull, sorted, q - 1);
-  float* wmax_s = sh.red;                                  // [kDraftWarps]
-  float* wtau_s = reinterpret_cast<float*>(sh.redk);       // [kDraftWarps]
-  float* wsum_s = reinterpret_cast<float*>(sh.tmax);       // [kDraftWarps]
-  if (lane == 0) { wmax_s[warp] = wmax; wtau_s[warp] = wtau; }
-  if (tid == 0) sh.count = 0;
-  __syncthreads();
-  long long t2 = clock64();
-  mark(tl, kTlChunkSort, t2 - t1);
-  float m = -INFINITY, tau = INFINITY;
+  uint32_t* warp_keys = sh.tmax;                       // [kDraftWarps * qw]
+  float* wsum_s = reinterpret_cast<float*>(sh.redk);  // [kDraftWarps]
+  const float m = offer_keys(sh, tmax, rb.qw);
+  const int n_pub = splits * rb.qc;
+  uint32_t* row_keys_s = reinterpret_cast<uint32_t*>(sh.cand);  // [n_pub] (<= 4096: draft_layout)
+  if (warp == 0) {
+    // This CTA's qc largest offered keys (ties by slot). The row's first CTA collects the row's
+    // keys and selects the bound for all; the others wait for it. Either wait is bounded: the
+    // grid need not be resident at once, and any subset of the keys gives a bound (keys never
+    // published read as 0; a CTA whose wait for the bound ran out selects from what it finds).
+    cta_keys(warp_keys, rb, [&](int rank, uint32_t key) {
+      store_relaxed(row_keys + split * rb.qc + rank, (1ull << 32) | key);
+    });
+    int role = split == 0 ? 1 : 0;
+    const unsigned long long deadline = global_ns() + (role == 1 ? kBoundWaitNs : 2 * kBoundWaitNs);
+    if (role == 0) {
+      unsigned long long got = 0;
+      if (lane == 0) {
+        while (((got = load_relaxed(row_tau)) >> 32) == 0 && global_ns() < deadline) {
+        }
+      }
+      got = __shfl_sync(kFull, got, 0);
+      if ((got >> 32) != 0) {
+        if (lane == 0) sh.prefix = uint32_t(got);
+      } else {
+        role = 2;
+      }
+    }
+    if (role != 0) {
+      // Collect the published keys (8 loads in flight per lane), again until all are there.
+      bool all;
+      do {
+        all = true;
+        for (int base = 0; base < n_pub; base += 32 * 8) {
+          unsigned long long v[8];
 #pragma unroll
-  for (int w = 0; w < kDraftWarps; w += 4) {  // 16-byte reads: sh.red and sh.redk are 16-byte aligned
-    const float4 a = *reinterpret_cast<const float4*>(wmax_s + w), b = *reinterpret_cast<const float4*>(wtau_s + w);
-    m = fmaxf(m, fmaxf(fmaxf(a.x, a.y), fmaxf(a.z, a.w)));
-    tau = fminf(tau, fminf(fminf(b.x, b.y), fminf(b.z, b.w)));
+          for (int u = 0; u < 8; ++u) v[u] = base + u * 32 + lane < n_pub ? load_relaxed(row_keys + base + u * 32 + lane) : 1ull << 32;
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            all &= (v[u] >> 32) != 0;
+            if (base + u * 32 + lane < n_pub) row_keys_s[base + u * 32 + lane] = uint32_t(v[u]);
+          }
+        }
+        all = __all_sync(kFull, all);
+      } while (!all && global_ns() < deadline);
+    }
+    if (lane == 0) sh.role = role;
   }
   float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
   if (lane == 0) wsum_s[warp] = part;
-  // Candidates: values >= tau, looked for only in vectors whose max reaches tau. (tau = -inf
-  // takes every element of the chunk: a tiny or -inf-filled one; then positions are checked.)
-  // Counted first, so a warp reserves its slots with one atomic.
-  auto take = [&](float f, int pos) { return f >= tau && (tau != -INFINITY || pos < len); };
-  int mine = 0;
-#pragma unroll
-  for (int v = 0; v < kDraftVecs; ++v) {
-    if (vmax[v] >= tau) {
-      const int first = (v * kDraftThreads + tid) * kVec;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) mine += take(vec_elem<T>(raw[v], j), first + j);
-    }
-  }
-  if (__any_sync(kFull, mine > 0)) {
-    int slot = warp_reserve(&sh.count, mine);
-#pragma unroll
-    for (int v = 0; v < kDraftVecs; ++v) {
-      if (mine > 0 && vmax[v] >= tau) {
-        const int first = (v * kDraftThreads + tid) * kVec;
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float f = vec_elem<T>(raw[v], j);
-          if (take(f, first + j)) {
-            if (slot < kCandCap) sh.cand[slot] = composite(KeyTraits<float>::key(f), start + first + j);
-            ++slot;
-          }
-        }
-      }
-    }
-  }
   __syncthreads();
-  t1 = clock64();
-  mark(tl, kTlChunkCand, t1 - t2);
-  mark(tl, kTlChunkCount, unsigned(sh.count));
+  long long t2 = clock64();
+  mark(tl, kTlChunkBound, t2 - t1);
+  if (sh.role != 0) {
+    select_kth_key(sh, row_keys_s, n_pub, k);
+    __syncthreads();
+    if (tid == 0 && sh.role == 1) store_relaxed(row_tau, (1ull << 32) | sh.prefix);
+  }
+  append_candidates<T, kDraftVecs>(raw, vmax, sh.prefix, len, start, &sh.count, cand, cand_stride, rb.cap);
+  __syncthreads();
+  mark(tl, kTlChunkCand, clock64() - t2);
   if (tid == 0) {
     float total = 0.f;
     for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
-    *stat = make_float2(m, total);
+    *record = make_float4(m, total, __int_as_float(sh.count), 0.f);
   }
-  const int count = sh.count;
-  if (count <= kCandCap) {
-    write_ranked(sh, count, kk, k, out);
-  } else {
-    exact_topk<32>(sh, len, kk, k, start, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); }, out);
-  }
-  mark(tl, kTlChunkRank, clock64() - t1);
 }
 
 // ---- top-K for many rows: one streaming pass per (row, split)
@@ -1750,14 +1888,163 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
 }
 
 
+// Where the request's last CTA keeps the rows' candidates while it ranks them (draft_layout
+// places them: over the parallel build's workspace, unused until the build).
+struct RankSmem {
+  unsigned long long* stage;  // [stage_cap] row after row
+  float2* stat;               // [L * splits] the chunks' (max, sum of exp)
+  int stage_cap;
+};
+
+constexpr int kSpecSlots = 16;  // candidate slots of a chunk loaded before its count is known
+
+// The top-K of rows row0 .. row0 + L from their chunks' records and candidates: ids, log-probs
+// (also into lp_s [L][k] when given, for the build) and logsumexp. One round of loads: a thread
+// per chunk reads its record and its first kSpecSlots slots at once (a model's largest chunk at
+// bs=1, K=64 had 10 candidates); a block scan places them. The candidates are few (the row's
+// bound is tight), so each is ranked within its row by counting. A row with a chunk over its
+// `cap` slots (ties: flat logits), or past the stage, is redone exactly from the logits. All
+// threads call it.
+template <typename T>
+__device__ void draft_rank_rows(const T* __restrict__ logits, int64_t vocab, int64_t row0, int L, int splits,
+                                int k, RowBound rb, const float4* records, unsigned long long* cand, ChunkShared& sh,
+                                const RankSmem& r, float* lp_s, int64_t* out_ids, float* out_lp, float* out_lse,
+                                unsigned long long* tl) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int pairs = L * splits;
+  float* lse_s = sh.red;                            // [L]
+  int* row_start = reinterpret_cast<int*>(sh.tmax);  // [L + 1] stage positions
+  int* exact_s = row_start + 32;                    // [L] 1: redo the row exactly
+  if (tid < L) exact_s[tid] = 0;
+  const long long t0 = clock64();
+  int placed = 0;
+  for (int base = 0; base < pairs; base += blockDim.x) {  // one pass up to 512 chunks a request
+    const int p = base + tid;
+    const bool valid = p < pairs;
+    const float4 rec = valid ? __ldcg(records + row0 * splits + p) : make_float4(-INFINITY, 0.f, 0.f, 0.f);
+    const unsigned long long* src = cand + row0 * splits * int64_t(rb.cap) + p;  // slot u at src[u * pairs]
+    unsigned long long v[kSpecSlots];
+#pragma unroll
+    for (int u = 0; u < kSpecSlots; ++u) v[u] = valid && u < rb.cap ? __ldcg(src + u * pairs) : 0ull;
+    const int c = valid ? __float_as_int(rec.z) : 0;
+    const int kept = min(c, rb.cap);
+    int before, total;
+    cub::BlockScan<int, kTopkThreads>(sh.scan).ExclusiveSum(kept, before, total);
+    before += placed;
+    if (valid) {
+      const int w = p / splits;
+      r.stat[p] = make_float2(rec.x, rec.y);
+      if (p == w * splits) row_start[w] = before;
+      if (c > rb.cap) exact_s[w] = 1;
+#pragma unroll
+      for (int u = 0; u < kSpecSlots; ++u) {
+        if (u < kept && before + u < r.stage_cap) r.stage[before + u] = v[u];
+      }
+      for (int i = kSpecSlots; i < kept && before + i < r.stage_cap; ++i) r.stage[before + i] = __ldcg(src + i * pairs);
+    }
+    placed += total;
+    __syncthreads();  // sh.scan is reused
+  }
+  if (tid == 0) row_start[L] = placed;
+  __syncthreads();
+  long long t1 = clock64();
+  mark(tl, kTlStage, t1 - t0);
+  // A warp per row: its logsumexp; a row past the stage is redone exactly.
+  for (int w = warp; w < L; w += kDraftWarps) {
+    const float2* st = r.stat + w * splits;
+    const float lse = warp_lse(splits, lane < splits ? st[lane] : make_float2(-INFINITY, 0.f), [&](int j) { return st[j]; });
+    if (lane == 0) {
+      lse_s[w] = lse;
+      out_lse[row0 + w] = lse;
+      if (row_start[w + 1] > r.stage_cap) exact_s[w] = 1;
+    }
+  }
+  __syncthreads();
+  auto emit = [&](int w, int rank, unsigned long long c) {
+    const int64_t o = (row0 + w) * k + rank;
+    const float lp = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse_s[w];
+    out_ids[o] = int64_t(c & 0xFFFFFFFFull);
+    out_lp[o] = lp;
+    if (lp_s != nullptr) lp_s[w * k + rank] = lp;
+  };
+  // Rank each staged candidate within its row (composites are distinct: ascending = better).
+  const int staged = min(placed, r.stage_cap);
+  int most = 0;
+  for (int e = tid; e < staged; e += blockDim.x) {
+    int w = 0;  // the row holding e: the last with row_start <= e (rows may be empty)
+    for (int step = 16; step > 0; step >>= 1) {
+      if (w + step < L && row_start[w + step] <= e) w += step;
+    }
+    if (exact_s[w]) continue;
+    const unsigned long long c = r.stage[e];
+    const int lo = row_start[w], hi = row_start[w + 1];
+    most = max(most, hi - lo);
+    int rank = 0;
+#pragma unroll 8
+    for (int j = lo; j < hi; ++j) rank += r.stage[j] < c;
+    if (rank < k) emit(w, rank, c);
+  }
+  if (tl != nullptr) {
+    most = __reduce_max_sync(kFull, unsigned(most));
+    if (lane == 0) atomicMax(tl + kTlRowCands, (unsigned long long)most);
+    mark(tl, kTlMerge, clock64() - t1);
+  }
+  // Rows that did not fit: an exact radix select over the whole row, its list through the
+  // request's candidate slots (cap * L * S >= K; what the stage needed is copied by now).
+  int exact = 0;
+  for (int w = 0; w < L; ++w) {
+    if (!exact_s[w]) continue;  // the same in every thread
+    ++exact;
+    const T* x = logits + (row0 + w) * vocab;
+    unsigned long long* list = cand + row0 * splits * int64_t(rb.cap);
+    __syncthreads();
+    exact_topk<32>(sh, int(vocab), k, k, 0, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); },
+                   list);
+    __syncthreads();
+    for (int i = tid; i < k; i += blockDim.x) emit(w, i, __ldcg(list + i));
+  }
+  if (exact > 0) mark(tl, kTlExactRows, unsigned(exact));
+  __syncthreads();
+}
+
+// The tree of request b from its log-probs in s.lp (staged, not yet behind a barrier), then its
+// outputs and mask. All threads of the request's CTA call it.
+template <int F>
+__device__ void build_and_write(ChunkShared& sh, const BuildSmem& s, unsigned char* extra, int b, int L, int k,
+                                int budget, const int64_t* ids, int32_t* num_nodes, int64_t* tokens, int32_t* depths,
+                                int32_t* ranks, int32_t* parents, int32_t* first_child, int32_t* next_sibling,
+                                bool* vis, uint32_t* vis_packed, unsigned long long* tl) {
+  for (int i = threadIdx.x; i <= budget; i += blockDim.x) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
+  __syncthreads();
+  long long t1 = clock64();
+  const int n = build_request<F>(sh, s, L, k, budget, tl);
+  long long t0 = clock64();
+  mark(tl, kTlBuild, t0 - t1);
+  write_tree(s, n, b, L, k, budget, ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+  t1 = clock64();
+  mark(tl, kTlWrite, t1 - t0);
+  if (vis != nullptr) {
+    uint32_t* packed = reinterpret_cast<uint32_t*>(extra + fast_build_smem(L, k, budget));
+    write_mask(s, packed, n, b, budget, vis, vis_packed);
+    mark(tl, kTlMask, clock64() - t1);
+  }
+  if (tl != nullptr) mark(tl, kTlEnd, global_ns());
+}
+
+// One launch from logits to tree and mask. Grid (splits, bs * L): every CTA takes one chunk of
+// one row (draft_chunk); the last CTA of a request to finish (a counter; threadfence pattern)
+// ranks its rows' candidates, builds the tree and writes the mask. budget = 0: top-K only (a
+// "request" is then one row).
 template <typename T, int F>
 __global__ void __launch_bounds__(kDraftThreads, 2)
     draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
-                 unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats,
-                 unsigned* __restrict__ row_done, unsigned* __restrict__ req_done, int64_t* __restrict__ out_ids,
-                 float* __restrict__ out_lp, float* __restrict__ out_lse, int32_t* __restrict__ num_nodes,
-                 int64_t* __restrict__ tokens, int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
-                 int32_t* __restrict__ parents, int32_t* __restrict__ first_child,
+                 RowBound rb, unsigned long long* __restrict__ ws_tau, unsigned long long* __restrict__ ws_keys,
+                 unsigned* __restrict__ req_done,
+                 float4* __restrict__ ws_records, unsigned long long* __restrict__ ws_cand, int stage_off,
+                 int stage_cap, int pairs_off,
+                 int64_t* __restrict__ out_ids, float* __restrict__ out_lp, float* __restrict__ out_lse,
+                 int32_t* __restrict__ num_nodes, int64_t* __restrict__ tokens, int32_t* __restrict__ depths,
+                 int32_t* __restrict__ ranks, int32_t* __restrict__ parents, int32_t* __restrict__ first_child,
                  int32_t* __restrict__ next_sibling, bool* __restrict__ vis, uint32_t* __restrict__ vis_packed,
                  unsigned long long* tl) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -1767,58 +2054,152 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   const int split = blockIdx.x;
   const int64_t start = int64_t(split) * chunk;
   const int len = int(min(int64_t(chunk), vocab - start));
-  unsigned long long* row_cand = ws_cand + row * int64_t(splits) * k;
   if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
-  draft_chunk<T>(logits + row * vocab + start, len, start, k, sh, row_cand + int64_t(split) * k,
-                 ws_stats + row * splits + split, tl);
+  // A request's candidate slots are slot-major ([cap][L * splits]): the last CTA's loads of the
+  // first kSpecSlots of every chunk are then contiguous.
+  const int64_t b = row / L, pairs = int64_t(L) * splits, pair = (row - b * L) * splits + split;
+  draft_chunk<T>(logits + row * vocab + start, len, start, k, splits, split, rb, sh, ws_keys + row * splits * rb.qc,
+                 ws_tau + row, ws_cand + b * rb.cap * pairs + pair, pairs, ws_records + b * pairs + pair, tl);
   if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
-  // Last CTA of the row merges. (Writes, fence, count: the classic threadfence reduction.)
-  __threadfence();
+  // The request's last CTA goes on.
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(row_done + row, 1u) == unsigned(splits - 1);
-    if (last) row_done[row] = 0u;  // ready for the next launch (graph replays included)
-    sh.last = last;
-  }
+  if (threadIdx.x == 0) sh.last = add_acq_rel(req_done + b, 1u) == unsigned(L * splits - 1);
   __syncthreads();
   if (!sh.last) return;
-  __threadfence();
-  long long t0 = clock64();
-  merge_row(row_cand, ws_stats + row * splits, splits, k, reinterpret_cast<unsigned long long*>(extra),
-            sh.red[0], [](unsigned long long c) { return KeyTraits<float>::value(~uint32_t(c >> 32)); },
-            out_ids + row * k, out_lp + row * k, out_lse + row);
-  if (tl != nullptr) { mark(tl, kTlMerge, clock64() - t0); mark(tl, kTlMerges, global_ns()); }
+  const BuildSmem s = carve_build_smem(extra, L, k, budget);
+  RankSmem r;
+  r.stage = reinterpret_cast<unsigned long long*>(extra + stage_off);
+  r.stat = reinterpret_cast<float2*>(extra + pairs_off);
+  r.stage_cap = stage_cap;
+  draft_rank_rows<T>(logits, vocab, b * L, L, splits, k, rb, ws_records, ws_cand, sh, r,
+                     budget > 0 ? s.lp : nullptr, out_ids, out_lp, out_lse, tl);
+  if (tl != nullptr) mark(tl, kTlMerges, global_ns());
   if (budget == 0) return;  // top-K only
-  const int b = int(row / L);
-  __threadfence();
+  build_and_write<F>(sh, s, extra, int(b), L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents,
+                     first_child, next_sibling, vis, vis_packed, tl);
+}
+
+// ---- the fused launch with rows as thread-block clusters (sm_90; 16-bit logits)
+//
+// A row is one cluster of `splits` <= 8 CTAs (5 vectors a thread: 151936 bf16 logits in 8). The
+// row's CTAs exchange their keys through distributed shared memory between two cluster barriers
+// instead of through L2 (the counter variant above: ~3.4 us from the last key to the bound at
+// bs=1, its request's last CTA then loading and ranking every row); every CTA selects the bound
+// itself (at most 8 x 64 keys) and appends its candidates to the cluster's first CTA, which ranks
+// its row. (Clusters of 8 are placed at once: a probe on the H200 started 240 CTAs as 30 clusters
+// of 8 within 0.1 us; clusters of 16 took 3.3 us, the cause of an earlier 16-CTA version's loss.)
+constexpr int kClusterVecs = 5;
+constexpr int kClusterMax = 8;  // the portable cluster size
+
+// Dynamic shared memory of a cluster CTA past ChunkShared, before the build (which reuses it).
+struct ClusterSmem {
+  uint32_t pub[kDraftWarps * 4];       // this CTA's qc published keys
+  uint32_t keys[kClusterMax * kDraftWarps * 4];  // the row's keys; the flooded path's list after
+  float2 stat;                         // this CTA's (max, sum of exp)
+  float2 stats[kClusterMax];           // the first CTA's copy of the row's
+};
+static_assert(sizeof(ClusterSmem::keys) >= 256 * sizeof(unsigned long long), "the flooded path lists K <= 256");
+
+template <typename T, int F>
+__global__ void __launch_bounds__(kDraftThreads, 2)
+    draft_cluster_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k,
+                         int budget, RowBound rb, unsigned* __restrict__ req_done, int64_t* __restrict__ out_ids,
+                         float* __restrict__ out_lp, float* __restrict__ out_lse, int32_t* __restrict__ num_nodes,
+                         int64_t* __restrict__ tokens, int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
+                         int32_t* __restrict__ parents, int32_t* __restrict__ first_child,
+                         int32_t* __restrict__ next_sibling, bool* __restrict__ vis, uint32_t* __restrict__ vis_packed,
+                         unsigned long long* tl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // the host launches it only on sm_90 and later
+#else
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
+  unsigned char* extra = smem_raw + align16(sizeof(ChunkShared));
+  ClusterSmem& cs = *reinterpret_cast<ClusterSmem*>(extra);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.y;
+  const int rank = int(cluster.block_rank());
+  const int64_t start = int64_t(rank) * chunk;
+  const int len = int(min(int64_t(chunk), vocab - start));
+  const T* x = logits + row * vocab;
+  if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
+  long long t0 = clock64();
+  uint4 raw[kClusterVecs];
+  float vmax[kClusterVecs], tmax, tsum;
+  scan_chunk<T, kClusterVecs>(x + start, len, raw, vmax, tmax, tsum);
+  long long t1 = clock64();
+  mark(tl, kTlChunkScan, t1 - t0);
+  const float m = offer_keys(sh, tmax, rb.qw);
+  if (warp == 0) cta_keys(sh.tmax, rb, [&](int r, uint32_t key) { cs.pub[r] = key; });
+  float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
+  float* wsum_s = reinterpret_cast<float*>(sh.redk);
+  if (lane == 0) wsum_s[warp] = part;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(req_done + b, 1u) == unsigned(L - 1);
-    if (last) req_done[b] = 0u;
-    sh.last = last;
+  if (tid == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
+    cs.stat = make_float2(m, total);
+  }
+  cluster.sync();  // every CTA's keys and (max, sum) are out, and every CTA of the row is running
+  const int n_pub = splits * rb.qc;
+  for (int i = tid; i < n_pub; i += blockDim.x) cs.keys[i] = cluster.map_shared_rank(cs.pub, i / rb.qc)[i % rb.qc];
+  if (rank == 0 && tid < splits) cs.stats[tid] = *cluster.map_shared_rank(&cs.stat, tid);
+  __syncthreads();
+  select_kth_key(sh, cs.keys, n_pub, k);
+  __syncthreads();
+  ChunkShared* first = cluster.map_shared_rank(&sh, 0);
+  append_candidates<T, kClusterVecs>(raw, vmax, sh.prefix, len, start, &first->count, first->cand, 1, kCandCap);
+  cluster.sync();  // the row's candidates are in the first CTA; no remote access after this
+  t0 = clock64();
+  mark(tl, kTlChunkBound, t0 - t1);
+  if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
+  if (rank != 0) return;
+  // The first CTA of the cluster: the row's logsumexp and top-K.
+  if (warp == 0) {
+    const float lse = warp_lse(splits, lane < splits ? cs.stats[lane] : make_float2(-INFINITY, 0.f),
+                               [&](int j) { return cs.stats[j]; });
+    if (lane == 0) { sh.red[0] = lse; out_lse[row] = lse; }
+  }
+  __syncthreads();
+  const float lse = sh.red[0];
+  const int count = sh.count;
+  auto emit = [&](unsigned long long c, int r) {
+    if (r < k) {
+      out_ids[row * k + r] = int64_t(c & 0xFFFFFFFFull);
+      out_lp[row * k + r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
+    }
+  };
+  if (count <= kCandCap) {
+    rank_by_count(sh.cand, count, emit);
+  } else {  // flooded by ties (flat logits): an exact radix select over the whole row
+    auto* list = reinterpret_cast<unsigned long long*>(cs.keys);
+    exact_topk<32>(sh, int(vocab), k, k, 0, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); },
+                   list);
+    __syncthreads();
+    for (int r = tid; r < k; r += blockDim.x) emit(list[r], r);
+    if (tl != nullptr) mark(tl, kTlExactRows, 1);
+  }
+  if (tl != nullptr) { mark(tl, kTlRowCands, unsigned(count)); mark(tl, kTlMerge, clock64() - t0); }
+  // The request's last row builds its tree.
+  const int64_t b = row / L;
+  __syncthreads();
+  if (tid == 0) {
+    sh.last = add_acq_rel(req_done + b, 1u) == unsigned(L - 1);
+    if (sh.last) req_done[b] = 0u;  // the counters are a pool, zero between launches (below)
   }
   __syncthreads();
   if (!sh.last) return;
-  __threadfence();
-  // Last row of request b: the tree and its mask.
+  if (tl != nullptr) mark(tl, kTlMerges, global_ns());
   const BuildSmem s = carve_build_smem(extra, L, k, budget);
   t0 = clock64();
-  stage_build(s, out_lp + int64_t(b) * L * k, L, k, budget, threadIdx.x, blockDim.x);
-  __syncthreads();
-  long long t1 = clock64();
-  mark(tl, kTlStage, t1 - t0);
-  const int n = build_request<F>(sh, s, L, k, budget, tl);
-  t0 = clock64();
-  mark(tl, kTlBuild, t0 - t1);
-  write_tree(s, n, b, L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
-  t1 = clock64();
-  mark(tl, kTlWrite, t1 - t0);
-  if (vis != nullptr) {
-    uint32_t* packed = reinterpret_cast<uint32_t*>(extra + fast_build_smem(L, k, budget));
-    write_mask(s, packed, n, b, budget, vis, vis_packed);
-    mark(tl, kTlMask, clock64() - t1);
-  }
-  if (tl != nullptr) mark(tl, kTlEnd, global_ns());
+  stage_floats(s.lp, out_lp + b * L * k, L * k, tid, blockDim.x);
+  build_and_write<F>(sh, s, extra, int(b), L, k, budget, out_ids, num_nodes, tokens, depths, ranks, parents,
+                     first_child, next_sibling, vis, vis_packed, tl);
+#endif
 }
 
 // The build alone on the fast path (build_tree op): one CTA per request (build_request).
@@ -1926,7 +2307,7 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
   const int64_t cap = int64_t(kDraftThreads) * kDraftVecs * 16 / elem_bytes;  // a multiple of 16
   const int64_t min_splits = (vocab + cap - 1) / cap;
   int64_t splits = 2 * int64_t(sms) / rows;  // small batches: about two CTAs per SM
-  const int64_t max_splits = 4096 / k;       // the merge stages splits * k entries (<= 32 KB)
+  const int64_t max_splits = 4096 / k;       // keys a row publishes (<= 4096, qc >= 1) fit ChunkShared::cand
   if (splits > max_splits) splits = max_splits;
   if (splits < min_splits) splits = min_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
@@ -1936,23 +2317,52 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
   return TopkPlan{int(splits), int(chunk)};
 }
 
+// Offered keys per warp and published per CTA: about twice K over the row (a NumPy model of bf16
+// randn x 3 rows: ~67 candidates a row at K = 64, ~270 at K = 256; stream_model --fused).
+// Candidate slots per CTA (counter variant): the model's largest chunk had ~3x its share of a
+// row's; small chunks keep all their elements (tau = -inf when a row has fewer keys than K).
+inline RowBound row_bound(int k, int64_t splits, int chunk) {
+  RowBound rb;
+  rb.qw = k <= 32 ? 1 : k <= 64 ? 2 : 4;
+  const int64_t want = std::max<int64_t>(8, (2 * int64_t(k) + splits - 1) / splits);
+  rb.qc = int(std::min<int64_t>(int64_t(kDraftWarps) * rb.qw, want));
+  if (splits * rb.qc > 2 * kCandCap) rb.qc = int(std::max<int64_t>(1, 2 * kCandCap / splits));
+  const int64_t share = (int64_t(k) + splits - 1) / splits;
+  rb.cap = chunk <= 256 ? chunk : int(std::min<int64_t>(256, std::max<int64_t>(32, 4 * share)));
+  return rb;
+}
+
+// The fused launch's workspace (zeroed part first: the counters and the published keys) and
+// its shared memory past ChunkShared: the build's, with the ranking stage over the parallel
+// build's workspace (top-K only: the stage alone), then the chunks' offsets.
 struct DraftLayout {
   TopkPlan plan;
-  int64_t cand_bytes, stats_bytes, counter_bytes;
+  RowBound rb;
+  int64_t zeroed_bytes, records_off, cand_off, total_bytes;
+  int stage_off, stage_cap, pairs_off;
   size_t smem;
 };
 
 inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t vocab, int k, int budget) {
   DraftLayout d;
-  const int64_t rows = bs * L;
-  d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count());
-  d.cand_bytes = rows * d.plan.splits * int64_t(k) * 8;
-  d.stats_bytes = rows * d.plan.splits * 8;
-  d.counter_bytes = (rows + bs) * 4;
-  const size_t merge = (size_t(d.plan.splits) * k + kMergeCap) * 8;
-  const int side = budget + 1, words = (side + 31) / 32;
-  const size_t build = budget > 0 ? fast_build_smem(int(L), k, budget) + size_t(side) * words * 4 : 0;
-  d.smem = align16(sizeof(ChunkShared)) + (merge > build ? merge : build);
+  const int64_t rows = bs * L, splits = (d.plan = draft_plan(rows, vocab, k, elem_bytes, sm_count())).splits;
+  d.rb = row_bound(k, splits, d.plan.chunk);
+  d.zeroed_bytes = (rows + rows * splits * d.rb.qc) * 8 + bs * 4;
+  d.records_off = align16(size_t(d.zeroed_bytes));
+  d.cand_off = d.records_off + rows * splits * 16;
+  d.total_bytes = d.cand_off + rows * splits * d.rb.cap * 8;
+  size_t build = 0;
+  if (budget > 0) {
+    const int side = budget + 1, words = (side + 31) / 32;
+    build = fast_build_smem(int(L), k, budget) + size_t(side) * words * 4;
+    d.stage_off = int(fast_build_smem(int(L), k, budget) - select_smem(int(L), k, budget));
+    d.stage_cap = int(select_smem(int(L), k, budget) / 8);
+  } else {
+    d.stage_off = 0;
+    d.stage_cap = 2 * kCandCap;
+  }
+  d.pairs_off = int(align16(std::max(build, size_t(d.stage_off) + size_t(d.stage_cap) * 8)));
+  d.smem = align16(sizeof(ChunkShared)) + d.pairs_off + size_t(L * splits) * 8;
   return d;
 }
 
@@ -1962,20 +2372,99 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
                  int32_t* first_child, int32_t* next_sibling, bool* vis, uint32_t* vis_packed, void* workspace,
                  cudaStream_t stream) {
   const DraftLayout d = draft_layout(sizeof(T), bs, L, vocab, k, budget);
+  if (int64_t(d.plan.splits) * d.rb.qc > 2 * kCandCap) return cudaErrorInvalidValue;  // vocab past the chunks
   auto* bytes = static_cast<unsigned char*>(workspace);
-  auto* ws_cand = reinterpret_cast<unsigned long long*>(bytes);
-  auto* ws_stats = reinterpret_cast<float2*>(bytes + d.cand_bytes);
-  auto* counters = reinterpret_cast<unsigned*>(bytes + d.cand_bytes + d.stats_bytes);
+  const int64_t rows = int64_t(bs) * L;
+  auto* tau = reinterpret_cast<unsigned long long*>(bytes);
+  auto* keys = tau + rows;
+  auto* req_done = reinterpret_cast<unsigned*>(keys + rows * d.plan.splits * d.rb.qc);
   cudaError_t err = allow_smem_once<draft_kernel<T, F>>();
   if (err != cudaSuccess) return err;
-  err = cudaMemsetAsync(counters, 0, size_t(d.counter_bytes), stream);
+  err = cudaMemsetAsync(workspace, 0, size_t(d.zeroed_bytes), stream);
   if (err != cudaSuccess) return err;
-  const int64_t rows = int64_t(bs) * L;
   draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
-      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, ws_cand, ws_stats, counters,
-      counters + rows, ids, lp, lse, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis,
-      vis_packed, g_timeline);
+      static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, d.rb, tau, keys,
+      req_done, reinterpret_cast<float4*>(bytes + d.records_off),
+      reinterpret_cast<unsigned long long*>(bytes + d.cand_off), d.stage_off, d.stage_cap, d.pairs_off, ids, lp, lse,
+      num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, vis_packed, g_timeline);
   return cudaGetLastError();
+}
+
+// The cluster variant's plan: up to kClusterMax chunks of at most kClusterVecs vectors a thread.
+// Returns false where it does not apply (32-bit logits, a vocabulary past 8 such chunks).
+inline bool cluster_plan(int64_t vocab, int k, int elem_bytes, TopkPlan& plan) {
+  if (elem_bytes != 2) return false;
+  const int64_t cap = int64_t(kDraftThreads) * kClusterVecs * 16 / elem_bytes;
+  int64_t chunk = ((vocab + kClusterMax - 1) / kClusterMax + 15) / 16 * 16;
+  if (chunk < k) chunk = (int64_t(k) + 15) / 16 * 16;
+  if (chunk > cap) return false;
+  plan = TopkPlan{int((vocab + chunk - 1) / chunk), int(chunk)};
+  return true;
+}
+
+// DDTREE_FUSED=counter keeps the fused launch off clusters (tuning; read once per process).
+inline bool clusters_wanted() {
+  static const bool off = [] {
+    const char* v = std::getenv("DDTREE_FUSED");
+    return v != nullptr && std::strcmp(v, "counter") == 0;
+  }();
+  return !off;
+}
+
+// The cluster variant's request counters: a pool in device memory, zero from module load, each
+// launch's left at zero by its last CTAs, so no memset node precedes the kernel (a graph of
+// fused launches spent ~4 us per launch outside the kernel with one). Launches take regions in
+// turn: a region is reused only 64 launches later, stream-ordered after its previous use unless
+// 64 launches run at once on different streams.
+constexpr int kCounterRegions = 64, kCounterSlots = 128;  // requests per launch: bs <= 128
+__device__ unsigned g_request_counters[kCounterRegions * kCounterSlots];
+
+inline unsigned* request_counters() {
+  static unsigned* base[64] = {};
+  static std::atomic<unsigned> turn{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device >= 64) return nullptr;
+  if (base[device] == nullptr) {
+    void* p = nullptr;
+    if (cudaGetSymbolAddress(&p, g_request_counters) != cudaSuccess) return nullptr;
+    base[device] = static_cast<unsigned*>(p);
+  }
+  return base[device] + (turn.fetch_add(1, std::memory_order_relaxed) % kCounterRegions) * kCounterSlots;
+}
+
+template <typename T, int F>
+int launch_draft_cluster(const TopkPlan& plan, const void* logits, int bs, int L, int64_t vocab, int k, int budget,
+                         int64_t* ids, float* lp, float* lse, int32_t* num_nodes, int64_t* tokens, int32_t* depths,
+                         int32_t* ranks, int32_t* parents, int32_t* first_child, int32_t* next_sibling, bool* vis,
+                         uint32_t* vis_packed, void* workspace, cudaStream_t stream) {
+  const RowBound rb = row_bound(k, plan.splits, plan.chunk);
+  const int side = budget + 1, words = (side + 31) / 32;
+  const size_t build = fast_build_smem(L, k, budget) + size_t(side) * words * 4;
+  const size_t smem = align16(sizeof(ChunkShared)) + std::max(build, sizeof(ClusterSmem));
+  unsigned* req_done = bs <= kCounterSlots ? request_counters() : nullptr;
+  cudaError_t err = allow_smem_once<draft_cluster_kernel<T, F>>();
+  if (err != cudaSuccess) return err;
+  if (req_done == nullptr) {  // more requests than a region holds: zeroed workspace counters
+    req_done = static_cast<unsigned*>(workspace);
+    err = cudaMemsetAsync(req_done, 0, size_t(bs) * 4, stream);
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(plan.splits), unsigned(int64_t(bs) * L));
+  cfg.blockDim = dim3(kDraftThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(plan.splits);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, draft_cluster_kernel<T, F>, static_cast<const T*>(logits), vocab, L, plan.chunk,
+                            plan.splits, k, budget, rb, req_done, ids, lp, lse, num_nodes, tokens, depths, ranks,
+                            parents, first_child, next_sibling, vis, vis_packed, g_timeline);
 }
 
 // The streaming top-K takes rows of whole 16-byte vectors that start 16-byte aligned.
@@ -2067,8 +2556,7 @@ bool draft_fused_pays(int64_t rows, int k, int budget) {
 inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget <= 64; }
 
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
-  const DraftLayout d = draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget);
-  return d.cand_bytes + d.stats_bytes + d.counter_bytes;
+  return draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget).total_bytes;
 }
 
 int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
@@ -2106,10 +2594,19 @@ int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, in
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
+    TopkPlan cluster;
+    const bool clustered = clusters_wanted() && cluster_plan(vocab, k, sizeof(T), cluster);
     return with_frontier(budget, [&](auto f) {
-      return launch_draft<T, decltype(f)::value>(logits, bs, depth_limit, vocab, k, budget, ids, logprobs, lse,
-                                                 num_nodes, tokens, depths, ranks, parents, first_child,
-                                                 next_sibling, vis, vis_packed, workspace, s);
+      constexpr int F = decltype(f)::value;
+      if (clustered) {
+        const int err = launch_draft_cluster<T, F>(cluster, logits, bs, depth_limit, vocab, k, budget, ids, logprobs,
+                                                   lse, num_nodes, tokens, depths, ranks, parents, first_child,
+                                                   next_sibling, vis, vis_packed, workspace, s);
+        if (err == cudaSuccess) return err;
+        cudaGetLastError();  // a GPU that cannot place the clusters (not sm_90): the counter variant
+      }
+      return launch_draft<T, F>(logits, bs, depth_limit, vocab, k, budget, ids, logprobs, lse, num_nodes, tokens,
+                                depths, ranks, parents, first_child, next_sibling, vis, vis_packed, workspace, s);
     });
   });
 }
