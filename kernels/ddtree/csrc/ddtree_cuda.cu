@@ -208,23 +208,17 @@ __device__ __forceinline__ int next_pow2(int n) {
 
 // Ranks n distinct keys a[0..n) (ascending = better) by counting: emit(key, number of better
 // keys) for each. Every thread reads the same key at once (a broadcast, no bank conflicts).
-// Few keys are split over up to 32 lanes each (a row's ~70 candidates counted by 70 threads,
-// one key after another, took 1.8 us of the bs=1 launch). (Four counters in place of one
-// measured no faster.) All threads of the CTA call it.
+// (Splitting each key's count over up to 8 lanes measured no faster at bs=1 or bs=64, nor did
+// four counters in place of one; splitting a row's ~70 candidates over 4 lanes each left the
+// cluster variant's ranking at 1.7 us and slowed the many-row top-K, bs=64 111 -> 116 us.)
+// All threads of the CTA call it.
 template <typename Emit>
 __device__ void rank_by_count(const unsigned long long* a, int n, Emit emit) {
-  int parts = 1;  // a power of two: a key's lanes are neighbours in one warp
-  while (parts < 32 && n * parts * 2 <= int(blockDim.x)) parts *= 2;
-  const int per_round = int(blockDim.x) / parts;
-  for (int base = 0; base < n; base += per_round) {  // the same trip count in every lane
-    const int i = base + int(threadIdx.x) / parts, part = int(threadIdx.x) % parts;
-    const unsigned long long mine = i < n ? a[i] : 0ull;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned long long mine = a[i];
     int rank = 0;
-    if (i < n) {
-      for (int j = part; j < n; j += parts) rank += a[j] < mine;
-    }
-    for (int off = 1; off < parts; off <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, off);
-    if (i < n && part == 0) emit(mine, rank);
+    for (int j = 0; j < n; ++j) rank += a[j] < mine;
+    emit(mine, rank);
   }
 }
 
