@@ -138,17 +138,22 @@ def test_topk_many_rows(ext, dtype, kind):
         torch.testing.assert_close(lp.cpu().view(150, k), want_lp, rtol=2e-6, atol=4e-6)
 
 
+def bound_rows(seed: int, random_rows: int) -> list[np.ndarray]:
+    """bf16 rows of V = 151936 (as float arrays) for the candidate-bound models: `random_rows`
+    of randn x 3, then a peaked one (a few logits 8 higher), then one of 40 distinct values."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [(torch.randn(151936, generator=g) * 3) for _ in range(random_rows)]
+    rows.append(torch.randn(151936, generator=g) + torch.where(torch.rand(151936, generator=g) < 1e-3, 8.0, 0.0))
+    rows.append(torch.randint(0, 40, (151936,), generator=g).float() * 0.25)  # heavy exact ties
+    return [row.to(torch.bfloat16).float().numpy() for row in rows]
+
+
 def test_streaming_bound_keeps_the_top_k():
     """The streaming top-K's candidate rule (stream_model mirrors it): whatever the final bound
     lets through holds the row's K largest values, ties included, on bf16 rows (random, peaked,
     few distinct values), and real-looking rows stay far below the 4096 staged vectors."""
     from kernels.ddtree import stream_model
-    g = torch.Generator().manual_seed(7)
-    rows = [(torch.randn(151936, generator=g) * 3) for _ in range(3)]
-    rows.append(torch.randn(151936, generator=g) + torch.where(torch.rand(151936, generator=g) < 1e-3, 8.0, 0.0))
-    rows.append(torch.randint(0, 40, (151936,), generator=g).float() * 0.25)  # heavy exact ties
-    for i, row in enumerate(rows):
-        x = row.to(torch.bfloat16).float().numpy()
+    for i, x in enumerate(bound_rows(seed=7, random_rows=3)):
         for k in (1, 17, 64):
             staged, kept = stream_model.stream_row(x, k)
             assert np.array_equal(np.sort(kept)[-k:], np.sort(x)[-k:]), (i, k)
@@ -162,14 +167,9 @@ def test_fused_row_bound_keeps_the_top_k():
     uses; on real-looking rows the bound is tight (few candidates past K, none near a chunk's
     slots), and with exact ties it still keeps them all (the kernel then redoes the row exactly)."""
     from kernels.ddtree import stream_model
-    g = torch.Generator().manual_seed(11)
-    rows = [(torch.randn(151936, generator=g) * 3) for _ in range(2)]
-    rows.append(torch.randn(151936, generator=g) + torch.where(torch.rand(151936, generator=g) < 1e-3, 8.0, 0.0))
-    rows.append(torch.randint(0, 40, (151936,), generator=g).float() * 0.25)  # heavy exact ties
-    for i, row in enumerate(rows):
-        x = row.to(torch.bfloat16).float().numpy()
-        for k, splits in ((1, 17), (17, 17), (64, 17), (64, 10), (256, 16)):
-            tau, per_chunk = stream_model.fused_row(x, k, splits)
+    for i, x in enumerate(bound_rows(seed=11, random_rows=2)):
+        for k, splits, vecs in ((1, 17, 4), (17, 17, 4), (64, 17, 4), (64, 10, 4), (256, 16, 4), (64, 8, 5), (256, 8, 5)):
+            tau, per_chunk = stream_model.fused_row(x, k, splits, vecs)
             assert np.array_equal(np.sort(x[x >= tau])[-k:], np.sort(x)[-k:]), (i, k)
             if i < 3:
                 cap = min(256, max(32, 4 * -(-k // splits)))  # draft_layout's slots per chunk

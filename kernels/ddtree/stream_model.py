@@ -60,10 +60,11 @@ def fused_params(k: int, splits: int) -> tuple[int, int]:
     return qw, min(WARPS * qw, max(8, -(-2 * k // splits)))
 
 
-def fused_row(row: np.ndarray, k: int, splits: int) -> tuple[float, np.ndarray]:
+def fused_row(row: np.ndarray, k: int, splits: int, vecs: int = DRAFT_VECS) -> tuple[float, np.ndarray]:
     """The fused launch's bound for one row of bf16 logits (as floats): (tau, candidates per chunk).
 
-    A chunk CTA's thread t holds vectors v * 512 + t (v < 4) of 8 elements; each warp offers its
+    A chunk CTA's thread t holds vectors v * 512 + t (v < vecs: 4, or 5 in the cluster variant's
+    8 chunks a row) of 8 elements; each warp offers its
     qw largest thread maxima, each CTA publishes the qc largest offered, and tau is the K-th largest
     published value: they are distinct elements, so at least K elements are >= tau."""
     vocab = len(row)
@@ -72,9 +73,9 @@ def fused_row(row: np.ndarray, k: int, splits: int) -> tuple[float, np.ndarray]:
     published, per_chunk = [], []
     for s in range(-(-vocab // chunk)):
         part = row[s * chunk:(s + 1) * chunk]
-        padded = np.full(THREADS * DRAFT_VECS * VEC, -np.inf)
+        padded = np.full(THREADS * vecs * VEC, -np.inf)
         padded[:len(part)] = part
-        thread_max = padded.reshape(DRAFT_VECS, THREADS, VEC).max(axis=(0, 2))
+        thread_max = padded.reshape(vecs, THREADS, VEC).max(axis=(0, 2))
         offered = np.sort(thread_max.reshape(WARPS, 32), axis=1)[:, ::-1][:, :qw].ravel()
         published.extend(np.sort(offered)[::-1][:qc])
     published = np.sort(np.array(published))[::-1]
@@ -89,12 +90,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=300)
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--fused", action="store_true", help="the fused launch's row bound")
-    parser.add_argument("--splits", type=int, default=17, help="chunks per row (--fused; bs=1: 17)")
+    parser.add_argument("--splits", type=int, default=8, help="chunks per row (--fused; clusters: 8)")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.fused:
         rows = (torch.randn(args.rows, 151936) * 3).to(torch.bfloat16).float().numpy()
-        per = [fused_row(r, args.k, args.splits)[1] for r in rows]
+        per = [fused_row(r, args.k, args.splits, 5 if args.splits <= 8 else DRAFT_VECS)[1] for r in rows]
         for name, col in (("candidates a row", np.array([p.sum() for p in per])),
                           ("candidates a chunk", np.concatenate(per))):
             print(f"{name}: mean {col.mean():.1f}, p99 {np.percentile(col, 99):.0f}, max {col.max()}")
