@@ -104,11 +104,13 @@ struct ChunkShared {
 // records nothing): where a bs=1 launch spends its time is not visible in Nsight's per-kernel
 // totals. Slots: [0] first CTA start, [1] last CTA start, [2] last chunk done, [3] the request's
 // top-K done, [4] last CTA end, [10] first chunk done (globaltimer ns); [5] ranking the rows'
-// candidates, [6] loading and placing them, [7] tree build, [8] tree write, [9] mask write, and inside the
+// candidates, [6] (counter variant) loading and placing them, [7] tree build, [8] tree write, [9] mask write, and inside the
 // parallel build [11] the comb, [12] its radix select, [13] the gather of E, [14] ranking, check
-// and records; inside a chunk CTA [15] loads to per-thread max and sum, [16] publishing its keys
-// and waiting for the row's bound, [17] selecting it (the row's last CTA) and the candidates (SM
-// cycles, the largest over CTAs); [18] rows redone exactly, [19] the most candidates a row had.
+// and records; inside a chunk CTA [15] loads to per-thread max and sum, [16] (counter variant)
+// publishing its keys and waiting for the row's bound, (clusters) keys, barriers, bound and
+// candidates, [17] (counter variant) selecting the bound (the row's first CTA) and the
+// candidates (SM cycles, the largest over CTAs); [18] rows redone exactly, [19] the most
+// candidates a row had.
 enum TimelineSlot { kTlStart, kTlLastStart, kTlChunks, kTlMerges, kTlEnd, kTlMerge, kTlStage, kTlBuild, kTlWrite,
                     kTlMask, kTlFirstChunk, kTlComb, kTlRadix, kTlGather, kTlRank, kTlChunkScan, kTlChunkBound,
                     kTlChunkCand, kTlExactRows, kTlRowCands, kTlSlots };
@@ -1010,16 +1012,18 @@ __device__ __forceinline__ void append_candidates(const uint4 (&raw)[Vecs], cons
   }
 }
 
-// One chunk of a row in the fused launch: its (max, sum of exp, candidate count) into *record and
-// its candidates, unranked, into cand[0..cap). Candidates are the elements >= tau, tau being the
+// One chunk of a row in the fused launch's counter variant: its (max, sum of exp, candidate
+// count) into *record and its candidates, unranked, into cand[slot * cand_stride] (slot < cap).
+// Candidates are the elements >= tau, tau being the
 // K-th largest key the row's CTAs published: every published key is a distinct element (a thread's
 // maximum), so at least K elements are >= tau and none below it can make the row's top K (equal
 // ones are kept: ties go by token id). On bf16 rows of randn x 3 that leaves ~67 candidates a row
 // for K = 64 (the chunk-local bound this replaced let ~250 through per chunk, each chunk ranking
-// its own and a merge CTA merging the lists: 13.5 us of the bs=1 launch). The CTAs of a row wait
-// for each other's keys; the wait is bounded, since the grid need not be resident at once: keys
-// not yet published read as 0 (the workspace is zeroed before the launch) and a looser bound still
-// is one (fewer than K keys: tau = -inf, every element a candidate).
+// its own and a merge CTA merging the lists: 13.5 us of the bs=1 launch). The row's first CTA
+// collects the keys and publishes tau; the waits are bounded, since the grid need not be
+// resident at once: keys not yet published read as 0 (the workspace is zeroed before the
+// launch) and a looser bound still is one (fewer than K keys: tau = -inf, every element a
+// candidate).
 template <typename T>
 __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, int splits, int split,
                             RowBound rb, ChunkShared& sh, unsigned long long* row_keys,
