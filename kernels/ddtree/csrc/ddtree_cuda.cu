@@ -310,6 +310,16 @@ __device__ void exact_topk(ChunkShared& sh, int len, int kk, int k, int64_t star
   for (int r = tid; r < k; r += blockDim.x) out[r] = r < kk ? best[r] : ~0ull;
 }
 
+// The exact top-K of a whole row of logits x[0..vocab) into list[0..k) (sorted composites), for
+// the fused launch's rows whose candidates overflowed (flat or heavily tied logits); ends behind
+// a barrier. All threads call it.
+template <typename T>
+__device__ void exact_row_topk(ChunkShared& sh, const T* x, int64_t vocab, int k, unsigned long long* list) {
+  exact_topk<32>(sh, int(vocab), k, k, 0, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); },
+                 list);
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(const T* __restrict__ logits, int64_t vocab,
                                                                   int chunk, int splits, int k,
@@ -1996,9 +2006,7 @@ __device__ void draft_rank_rows(const T* __restrict__ logits, int64_t vocab, int
     const T* x = logits + (row0 + w) * vocab;
     unsigned long long* list = cand + row0 * splits * int64_t(rb.cap);
     __syncthreads();
-    exact_topk<32>(sh, int(vocab), k, k, 0, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); },
-                   list);
-    __syncthreads();
+    exact_row_topk(sh, x, vocab, k, list);
     for (int i = tid; i < k; i += blockDim.x) emit(w, i, __ldcg(list + i));
   }
   if (exact > 0) mark(tl, kTlExactRows, unsigned(exact));
@@ -2175,9 +2183,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
     rank_by_count(sh.cand, count, emit);
   } else {  // flooded by ties (flat logits): an exact radix select over the whole row
     auto* list = reinterpret_cast<unsigned long long*>(cs.keys);
-    exact_topk<32>(sh, int(vocab), k, k, 0, [&](int i) { return KeyTraits<float>::key(KeyTraits<T>::to_float(x[i])); },
-                   list);
-    __syncthreads();
+    exact_row_topk(sh, x, vocab, k, list);
     for (int r = tid; r < k; r += blockDim.x) emit(list[r], r);
     if (tl != nullptr) mark(tl, kTlExactRows, 1);
   }
