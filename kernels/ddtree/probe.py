@@ -1,7 +1,7 @@
 """Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us), then where a
 fused launch spends its time (phase timestamps the kernel records when asked: ext._set_timeline).
 
-    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe
+    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe [--phases | --topk | --inputs]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from . import load
+from . import load, ops
 from .bench import graph_us
 
 SM_GHZ = 1.98  # H200 SM clock under load (Nsight reports 1.98): cycles -> us for the in-CTA phases
@@ -66,9 +66,24 @@ def phases(ext) -> None:
         print(f"  bs={bs:2d}: " + "  ".join(f"{label} {us:.1f}" for label, us in got.items()), flush=True)
 
 
+def inputs(ext) -> None:
+    """bs=1, K=B=64 as graph replays on ten inputs seeded like bench.py's (seed 1 is the bench's):
+    the tree's shape, which the input decides, sets the build's cost."""
+    for seed in range(1, 11):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = (torch.randn(1, 15, 151936, device="cuda", generator=gen) * 3).to(torch.bfloat16)
+        t = graph_us(lambda: ops.draft_tree(ext, x, 64), 100)
+        tree = ops.draft_tree(ext, x, 64)
+        print(f"seed {seed}: {t:.2f} us, {int(tree.num_nodes[0])} nodes, {int(tree.depths.max())} deep", flush=True)
+
+
 def main() -> None:
-    """--topk: the many-row top-K only; --phases: the fused launch's phases only."""
+    """--topk: the many-row top-K only; --phases: the fused launch's phases only; --inputs: bs=1
+    over ten seeded inputs."""
     ext = load()
+    if "--inputs" in sys.argv:
+        inputs(ext)
+        return
     if "--topk" in sys.argv:
         topk_only(ext)
         return
