@@ -1888,11 +1888,28 @@ __device__ void write_mask(const BuildSmem& s, uint32_t* packed, int n, int b, i
     vis_packed[int64_t(b) * side * words + t] = bits;
   }
   __syncthreads();
-  bool* out = vis + int64_t(b) * side * side;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  for (int row = warp; row < side; row += nwarps) {
-    for (int c = lane; c < side; c += 32) out[int64_t(row) * side + c] = (packed[row * words + c / 32] >> (c % 32)) & 1u;
+  // The bool mask as 4-byte words over the request's flat [side * side] bytes (the bytes before
+  // the first word boundary and after the last one singly): one round of stores, where a row
+  // per warp and a byte per lane took ~15 dependent load-store rounds per warp at B = 64.
+  unsigned char* out = reinterpret_cast<unsigned char*>(vis + int64_t(b) * side * side);
+  const int total = side * side;
+  const int head = min(total, int((4 - (reinterpret_cast<uintptr_t>(out) & 3u)) & 3u));
+  const int n4 = (total - head) / 4;
+  auto bit_at = [&](int row, int col) { return (packed[row * words + (col >> 5)] >> (col & 31)) & 1u; };
+  for (int f = threadIdx.x; f < head; f += blockDim.x) out[f] = static_cast<unsigned char>(bit_at(f / side, f % side));
+  for (int w = threadIdx.x; w < n4; w += blockDim.x) {
+    const int f = head + 4 * w;
+    int row = f / side, col = f - row * side;
+    uint32_t v = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v |= bit_at(row, col) << (8 * j);
+      if (++col == side) { col = 0; ++row; }
+    }
+    reinterpret_cast<uint32_t*>(out + head)[w] = v;
   }
+  for (int f = head + 4 * n4 + threadIdx.x; f < total; f += blockDim.x)
+    out[f] = static_cast<unsigned char>(bit_at(f / side, f % side));
 }
 
 
@@ -2119,6 +2136,13 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   __trap();  // the host launches it only on sm_90 and later
 #else
   namespace cg = cooperative_groups;
+  // Launched with programmatic stream serialization (launch_draft_cluster): the CTAs may be
+  // placed while the kernel before it in the stream still runs, and wait here, before the first
+  // global access, for it to complete with its writes visible. The trigger lets the next launch
+  // of this kind be placed the same way, onto the SMs this launch leaves idle while one CTA per
+  // request builds its tree (where there is no launch with the attribute both are no-ops).
+  cudaGridDependencySynchronize();
+  cudaTriggerProgrammaticLaunchCompletion();
   cg::cluster_group cluster = cg::this_cluster();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
@@ -2164,22 +2188,32 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   mark(tl, kTlChunkBound, t0 - t1);
   if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
   if (rank != 0) return;
-  // The first CTA of the cluster: the row's logsumexp and top-K.
+  // The first CTA of the cluster: the row's logsumexp and top-K. The usual few candidates are
+  // ranked by warps 1.. while warp 0 computes the logsumexp, which only writing them needs.
+  const int count = sh.count;
+  const bool overlap = count <= kDraftThreads - 32;
+  unsigned long long mine = 0;
+  int mine_rank = kCandCap;
   if (warp == 0) {
     const float lse = warp_lse(splits, lane < splits ? cs.stats[lane] : make_float2(-INFINITY, 0.f),
                                [&](int j) { return cs.stats[j]; });
     if (lane == 0) { sh.red[0] = lse; out_lse[row] = lse; }
+  } else if (overlap && tid - 32 < count) {
+    mine = sh.cand[tid - 32];
+    mine_rank = 0;
+    for (int j = 0; j < count; ++j) mine_rank += sh.cand[j] < mine;
   }
   __syncthreads();
   const float lse = sh.red[0];
-  const int count = sh.count;
   auto emit = [&](unsigned long long c, int r) {
     if (r < k) {
       out_ids[row * k + r] = int64_t(c & 0xFFFFFFFFull);
       out_lp[row * k + r] = KeyTraits<float>::value(~uint32_t(c >> 32)) - lse;
     }
   };
-  if (count <= kCandCap) {
+  if (overlap) {
+    emit(mine, mine_rank);
+  } else if (count <= kCandCap) {
     rank_by_count(sh.cand, count, emit);
   } else {  // flooded by ties (flat logits): an exact radix select over the whole row
     auto* list = reinterpret_cast<unsigned long long*>(cs.keys);
@@ -2406,11 +2440,24 @@ inline bool cluster_plan(int64_t vocab, int k, int elem_bytes, TopkPlan& plan) {
   return true;
 }
 
-// DDTREE_FUSED=counter keeps the fused launch off clusters (tuning; read once per process).
-inline bool clusters_wanted() {
-  static const bool off = [] {
+// DDTREE_FUSED=counter keeps the fused launch off clusters; =cluster takes no fall-back, so a
+// cluster launch that fails is an error (tuning and tests; read once per process).
+enum class ClusterUse { kTry, kNever, kOnly };
+inline ClusterUse cluster_use() {
+  static const ClusterUse use = [] {
     const char* v = std::getenv("DDTREE_FUSED");
-    return v != nullptr && std::strcmp(v, "counter") == 0;
+    if (v != nullptr && std::strcmp(v, "counter") == 0) return ClusterUse::kNever;
+    if (v != nullptr && std::strcmp(v, "cluster") == 0) return ClusterUse::kOnly;
+    return ClusterUse::kTry;
+  }();
+  return use;
+}
+
+// DDTREE_PDL=0 launches the cluster variant without programmatic dependent launch (read once).
+inline bool pdl_wanted() {
+  static const bool off = [] {
+    const char* v = std::getenv("DDTREE_PDL");
+    return v != nullptr && std::strcmp(v, "0") == 0;
   }();
   return !off;
 }
@@ -2459,13 +2506,18 @@ int launch_draft_cluster(const TopkPlan& plan, const void* logits, int bs, int L
   cfg.blockDim = dim3(kDraftThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(plan.splits);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  // Programmatic dependent launch: the grid may be placed before the previous kernel in the
+  // stream ends (the kernel waits for it before touching memory), hiding the launch latency
+  // behind that kernel's tail — here, behind the one CTA per request that builds the tree.
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = pdl_wanted() ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, draft_cluster_kernel<T, F>, static_cast<const T*>(logits), vocab, L, plan.chunk,
                             plan.splits, k, budget, rb, req_done, ids, lp, lse, num_nodes, tokens, depths, ranks,
                             parents, first_child, next_sibling, vis, vis_packed, g_timeline);
@@ -2599,14 +2651,14 @@ int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, in
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     TopkPlan cluster;
-    const bool clustered = clusters_wanted() && cluster_plan(vocab, k, sizeof(T), cluster);
+    const bool clustered = cluster_use() != ClusterUse::kNever && cluster_plan(vocab, k, sizeof(T), cluster);
     return with_frontier(budget, [&](auto f) {
       constexpr int F = decltype(f)::value;
       if (clustered) {
         const int err = launch_draft_cluster<T, F>(cluster, logits, bs, depth_limit, vocab, k, budget, ids, logprobs,
                                                    lse, num_nodes, tokens, depths, ranks, parents, first_child,
                                                    next_sibling, vis, vis_packed, workspace, s);
-        if (err == cudaSuccess) return err;
+        if (err == cudaSuccess || cluster_use() == ClusterUse::kOnly) return err;
         cudaGetLastError();  // a GPU that cannot place the clusters (not sm_90): the counter variant
       }
       return launch_draft<T, F>(logits, bs, depth_limit, vocab, k, budget, ids, logprobs, lse, num_nodes, tokens,
