@@ -9,5 +9,12 @@ python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { 
 python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py ${PYTEST_K:+-k "$PYTEST_K"} \
   > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|Error|error" "$OUT/pytest.log" | tail -12
+# The fused launch's two variants forced in turn: clusters with no fall-back (a cluster launch
+# that fails is an error, not a silent switch), then the counter variant on 16-bit logits too.
+for variant in cluster counter; do
+  DDTREE_FUSED=$variant python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py \
+    -k "fused or graph" > "$OUT/pytest-$variant.log" 2>&1
+  echo "pytest (DDTREE_FUSED=$variant) rc=$?"; tail -1 "$OUT/pytest-$variant.log"
+done
 python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
 [ "${SKIP_BENCH:-0}" = 1 ] || python3 -m kernels.ddtree.bench --iters 100 --ref-iters 30 --json "$OUT/bench.json" 2>&1 | tail -12

@@ -21,9 +21,11 @@ def main() -> None:
     parser.add_argument("--bs", type=int, default=32)
     parser.add_argument("--k", type=int, default=64)
     parser.add_argument("--op", choices=["topk", "draft", "build"], default="topk")
+    parser.add_argument("--seed", type=int, default=None, help="the input bench.py times (seed 1) or another")
     args = parser.parse_args()
     ext = load()
-    x = (torch.randn(args.bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
+    gen = None if args.seed is None else torch.Generator(device="cuda").manual_seed(args.seed)
+    x = (torch.randn(args.bs, 15, 151936, device="cuda", generator=gen) * 3).to(torch.bfloat16)
     ids, lp, _ = ext.topk_lse(x, args.k)
     call = {"topk": lambda: ext.topk_lse(x, args.k),
             "draft": lambda: ext.draft_tree(x, args.k, args.k, True, "fused"),
