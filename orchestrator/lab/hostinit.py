@@ -83,8 +83,12 @@ class Init:
             signal.signal(sig, self.on_signal)
         self.start_sshd()
         ready = self.wait_listening(time.monotonic() + 20)
-        with open(self.config["ready_file"], "w") as fh:
+        # Written aside and renamed: the manager polls for the file and reads it as soon as it
+        # exists, and an open("w") shows it empty first (read as "sshd did not start" in CI).
+        partial = self.config["ready_file"] + ".partial"
+        with open(partial, "w") as fh:
             fh.write("ready\n" if ready else "sshd did not start\n")
+        os.replace(partial, self.config["ready_file"])
         while not self.stopping:
             try:
                 # Reap every child, including orphans re-parented to us (we are PID 1).
