@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR", "/var/cache/sglfleet/lab-test"))
-TEST_SUBNET = "127.0.2"
+TEST_SUBNET = os.environ.get("SGLFLEET_TEST_SUBNET", "127.0.2")  # helpers running side by side pick their own
 TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
 
 # Every test runs under the loopback-only rule.
@@ -65,15 +65,15 @@ def lab(tmp_path_factory):
 
 @pytest.fixture
 def inventory(lab):
-    from orchestrator.inventory import load_inventory
+    from orchestrator.fleet.inventory import load_inventory
 
     return load_inventory(lab.inventory_path)
 
 
 @pytest.fixture
 def conn(inventory):
-    from orchestrator.hostkeys import KnownHosts
-    from orchestrator.transport import Connection
+    from orchestrator.fleet.hostkeys import KnownHosts
+    from orchestrator.fleet.transport import Connection
 
     c = Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path))
     yield c

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from orchestrator.group import Group
+from orchestrator.fleet.group import Group
 
 from .conftest import TEST_HOSTS, sglfleet
 

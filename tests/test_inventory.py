@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import load_inventory
+from orchestrator.fleet.inventory import load_inventory
 
 from .conftest import ROOT, sglfleet
 

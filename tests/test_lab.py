@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.fleet.transport import Connection
 
 from .conftest import TEST_LAB_DIR
 

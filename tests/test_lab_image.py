@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.fleet.transport import Connection
 
 from .conftest import sglfleet
 

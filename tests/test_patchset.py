@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.patchset import PatchError, load_patchset, sha256
+from orchestrator.spec.patchset import PatchError, load_patchset, sha256
 
 PRISTINE_ARGS = b"import os\n\n\ndef prepare_server_args(argv):\n    return parse(argv)\n"
 PRISTINE_INFO = b"class SpecInfo:\n    pass\n"

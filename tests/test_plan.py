@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import textwrap
 
-from orchestrator.artifacts import Extension
-from orchestrator.patchset import load_patchset, sha256
-from orchestrator.profile import Artifacts
-from orchestrator.releases import make_plan
+from orchestrator.spec.artifacts import Extension
+from orchestrator.spec.patchset import load_patchset, sha256
+from orchestrator.spec.profile import Artifacts
+from orchestrator.stages.release import make_plan
 
 PRISTINE = b"def f():\n    return 1\n"
 OURS_OLD = b"def f():\n    return 0\n"

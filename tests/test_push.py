@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.patchset import load_patchset
-from orchestrator.profile import load_profile
-from orchestrator.releases import inspect
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.spec.patchset import load_patchset
+from orchestrator.spec.profile import load_profile
+from orchestrator.stages.release import inspect
+from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, sglfleet
 
@@ -75,7 +75,7 @@ class Files:
 
 
 def expected_new(files: Files, pristine: dict[str, str | None]) -> dict[str, str]:
-    from orchestrator.patchset import sha256
+    from orchestrator.spec.patchset import sha256
     bases = {}
     for t in files.patchset.targets():
         if pristine[t] is not None:
@@ -298,7 +298,7 @@ def test_patchset_init_from_hand_edited_files_then_push(lab, inventory, tmp_path
                    "--new-under", "srt/speculative")
         assert proc.returncode == 0, proc.stderr
         patchset = load_patchset(out)
-        from orchestrator.patchset import sha256
+        from orchestrator.spec.patchset import sha256
         assert {f.path: f.replaces for f in patchset.manifest.files} == {
             "srt/speculative/spec_info.py": sha256(original), "srt/speculative/ddtree_seed.py": "new"}
         assert patchset.manifest.versions == "==0.5.23"

@@ -8,10 +8,10 @@ import textwrap
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.inventory import Host
-from orchestrator.profile import load_profile
-from orchestrator.render import RenderError, render
-from orchestrator.smoke import diagnose
+from orchestrator.fleet.inventory import Host
+from orchestrator.spec.profile import load_profile
+from orchestrator.stages.render import RenderError, render
+from orchestrator.stages.smoke import diagnose
 
 OPTIONS_0523 = ["--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--mem-fraction-static",
                 "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-dflash-block-size",

@@ -7,10 +7,10 @@ import socket
 import pytest
 
 from orchestrator.errors import LoopbackOnlyError
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.inventory import Host
-from orchestrator.safety import check_target
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.fleet.inventory import Host
+from orchestrator.fleet.safety import check_target
+from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, sglfleet
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.smoke import PROBE
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.stages.smoke import PROBE
+from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, TEST_HOSTS, sglfleet
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from orchestrator.errors import HostKeyError
-from orchestrator.hostkeys import KnownHosts
-from orchestrator.transport import Connection
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.fleet.transport import Connection
 
 pytestmark = pytest.mark.lab
 
@@ -144,7 +144,7 @@ def test_proxy_jump_through_another_lab_host(inventory):
 def test_latency_proxy_adds_delay(inventory, lab):
     from dataclasses import replace
 
-    from orchestrator.hostkeys import known_hosts_name
+    from orchestrator.fleet.hostkeys import known_hosts_name
     from orchestrator.lab.proxy import LatencyProxy
     host = inventory.hosts["ct129"]
     proxy = LatencyProxy((host.address, 22), delay_ms=100).start()

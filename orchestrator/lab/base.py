@@ -88,7 +88,7 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
     runs it on every facts call, and on a lab machine all hosts share the controller's cores: a
     Python start per host made the 32-host fan-out benchmark measure the simulator, not sglfleet.
     """
-    from ..facts import Gpus
+    from ..fleet.facts import Gpus
 
     bin_dir.mkdir(parents=True, exist_ok=True)
     for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi.py", "/usr/bin/env python3"),

@@ -14,7 +14,7 @@ import asyncio
 import threading
 import time
 
-from ..safety import LOOPBACK, check_target  # noqa: F401 - LOOPBACK documents the rule
+from ..fleet.safety import LOOPBACK, check_target  # noqa: F401 - LOOPBACK documents the rule
 
 
 class LatencyProxy:

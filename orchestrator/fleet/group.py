@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .errors import SglfleetError
+from ..errors import SglfleetError
 from .hostkeys import KnownHosts
 from .inventory import Host, Inventory
 from .transport import Connection

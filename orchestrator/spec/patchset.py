@@ -33,7 +33,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from .errors import ConfigError, SglfleetError
+from ..errors import ConfigError, SglfleetError
 from .yamlsrc import load_model
 
 NEW = "new"

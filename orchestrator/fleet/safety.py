@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from .errors import LoopbackOnlyError
+from ..errors import LoopbackOnlyError
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 

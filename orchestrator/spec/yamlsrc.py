@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 class SourceMap(dict):

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from .errors import SglfleetError
-from .patchset import NEW, PatchError, sha256
-from .profile import Artifacts
-from .transport import CommandResult, Connection
+from ..errors import SglfleetError
+from ..spec.patchset import NEW, PatchError, sha256
+from ..spec.profile import Artifacts
+from ..fleet.transport import CommandResult, Connection
+from ..remote import REMOTE_DIR
 
-REMOTE_SCRIPT = Path(__file__).parent / "remote" / "release.py"
+REMOTE_SCRIPT = REMOTE_DIR / "release.py"
 EXIT_LOCKED = 3  # remote/release.py's exit code when another run holds the host's lock
 
 # Statuses of one target file in a plan.
@@ -326,7 +327,7 @@ class InitEntry:
 def init_patchset(conn: Connection, from_dir: Path, package: str, new_under: str | None) -> tuple[list[InitEntry], str]:
     """Map a directory of edited files onto the host's package (one round trip): a file kept at
     its package path (DIR/srt/x.py) stays there; a flat file is found by name on the host."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     edited = sorted(p for p in from_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                     and p.suffix != ".pyc")

@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import paramiko
 
-from .errors import ConfigError
-from .yamlsrc import SourceMap, load_yaml
+from ..errors import ConfigError
+from ..spec.yamlsrc import SourceMap, load_yaml
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 

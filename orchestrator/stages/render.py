@@ -16,12 +16,13 @@ from typing import Any
 
 import jinja2
 
-from .errors import SglfleetError
-from .inventory import Host
-from .profile import Profile, with_overrides
+from ..errors import SglfleetError
+from ..fleet.inventory import Host
+from ..spec.profile import Profile, with_overrides
+from ..remote import REMOTE_DIR
 
-SERVER_FACTS = Path(__file__).parent / "remote" / "server_facts.py"
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+SERVER_FACTS = REMOTE_DIR / "server_facts.py"
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 
 # Flags SGLang renamed: old spelling -> (new spelling, what changed).
 RENAMED = {

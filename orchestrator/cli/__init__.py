@@ -14,10 +14,10 @@ from typing import Any, Optional
 import typer
 
 from . import output
-from .errors import ConfigError, SglfleetError
-from .facts import gather
-from .group import DEFAULT_FORKS, Group, TaskOutcome
-from .inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
+from ..errors import ConfigError, SglfleetError
+from ..fleet.facts import gather
+from ..fleet.group import DEFAULT_FORKS, Group, TaskOutcome
+from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Deploy and operate SGLang + DDTree on your own GPU hosts over SSH.")
@@ -180,7 +180,7 @@ def _command_line() -> str:
 def _file_list(files: list[dict[str, Any]], *statuses: str) -> str:
     """`N: a.py, b.py` of the files in `statuses` (default: those a push changes); base names only,
     --json and --diff have the full paths."""
-    from .releases import CHANGING
+    from ..stages.release import CHANGING
 
     statuses = statuses or CHANGING
     names = [f["key"].rsplit("/", 1)[-1] for f in files if f["status"] in statuses]
@@ -201,8 +201,8 @@ def plan(pattern: str = typer.Argument(..., help="Host pattern."),
          diff: bool = typer.Option(False, "--diff", help="Show a unified diff per changing file."),
          force: bool = ForceOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Show what `push` would change on each host, without changing anything (one round trip per host)."""
-    from .profile import load_profile
-    from .releases import inspect, make_plan
+    from ..spec.profile import load_profile
+    from ..stages.release import inspect, make_plan
 
     inv, artifacts = _inventory(inventory), load_profile(profile).artifacts()
     plans: dict[str, Any] = {}
@@ -238,9 +238,9 @@ def push(pattern: str = typer.Argument(..., help="Host pattern."),
     """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible."""
     import os
 
-    from .profile import load_profile
-    from .releases import RemoteError, new_release_id
-    from .releases import push as push_host
+    from ..spec.profile import load_profile
+    from ..stages.release import RemoteError, new_release_id
+    from ..stages.release import push as push_host
 
     if dry_run:
         plan(pattern, profile, inventory, forks, as_json, False, force, host_key_policy)
@@ -285,7 +285,7 @@ def releases(pattern: str = typer.Argument(..., help="Host pattern."),
              package: str = typer.Option("sglang", help="The package the releases changed."),
              host_key_policy: Optional[str] = PolicyOpt) -> None:
     """List the releases recorded on each host, newest last."""
-    from .releases import list_releases
+    from ..stages.release import list_releases
 
     results = _run_group(_inventory(inventory), pattern, lambda conn: list_releases(conn, package), "releases",
                          forks, host_key_policy, quiet=as_json)
@@ -322,8 +322,8 @@ def rollback(pattern: str = typer.Argument(..., help="Host pattern."),
              force: bool = typer.Option(False, "--force", help="Roll back even files changed since their release."),
              host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Restore the files of earlier releases (or the pristine package) byte for byte."""
-    from .releases import RemoteError
-    from .releases import rollback as rollback_host
+    from ..stages.release import RemoteError
+    from ..stages.release import rollback as rollback_host
 
     command = _command_line()
 
@@ -359,7 +359,7 @@ def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory o
                                                           "host does not have (e.g. srt/speculative)."),
                   inventory: Optional[str] = InventoryOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Write patchset.yaml for a directory of edited files from the host's pristine hashes."""
-    from .releases import init_patchset, write_patchset
+    from ..stages.release import init_patchset, write_patchset
 
     if not from_dir.is_dir():
         raise ConfigError(f"--from {from_dir}: not a directory")
@@ -394,8 +394,8 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
                    what: str = typer.Option("command", "--what", help="command | env | unit | launch-script"),
                    host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Print the final launch command for HOST and, per flag, the rule or file line that put it there."""
-    from .profile import load_profile
-    from .render import render, server_facts
+    from ..spec.profile import load_profile
+    from ..stages.render import render, server_facts
 
     inv, prof = _inventory(inventory), load_profile(profile)
     rendered = _on_one_host(inv, host, "render", lambda conn: render(conn.host, prof, server_facts(conn, prof),
@@ -435,9 +435,9 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
           runs: str = typer.Option("runs", "--runs-dir", help="Where results are stored."),
           host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Run SGLang's prepare_server_args AND its full validation with the rendered flags on each host."""
-    from .inventory import Host
-    from .profile import load_profile
-    from .smoke import run_dir, store
+    from ..fleet.inventory import Host
+    from ..spec.profile import load_profile
+    from ..stages.smoke import run_dir, store
 
     if local:
         if pattern and not profile:
@@ -501,8 +501,8 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
 
 def _smoke_one(conn, host, prof, inventory_path, simulate, python) -> dict[str, Any]:
     """Render, then probe, one host (conn None: locally); the stored document."""
-    from .render import RenderError, render, server_facts
-    from .smoke import diagnose, run_probe
+    from ..stages.render import RenderError, render, server_facts
+    from ..stages.smoke import diagnose, run_probe
 
     started = time.monotonic()
     try:
@@ -525,7 +525,7 @@ def _smoke_one(conn, host, prof, inventory_path, simulate, python) -> dict[str, 
 def _lab():
     import os
 
-    from .lab.manager import Lab
+    from ..lab.manager import Lab
     return Lab(inventory_path=Path(os.environ.get("SGLFLEET_LAB_INVENTORY", "inventory/lab.yaml")))
 
 
@@ -582,8 +582,8 @@ def lab_proxy(host: str = typer.Argument(..., help="Lab host to put the proxy in
               delay_ms: float = typer.Option(50.0, "--delay-ms", help="Added latency each way."),
               port: int = typer.Option(0, help="Listen port on 127.0.0.1 (0: any free port).")) -> None:
     """Run a latency proxy in front of a lab host until Ctrl-C (known_hosts gets its entry)."""
-    from .hostkeys import known_hosts_name
-    from .lab.proxy import LatencyProxy
+    from ..fleet.hostkeys import known_hosts_name
+    from ..lab.proxy import LatencyProxy
     lab = _lab()
     target = lab._host(host)
     proxy = LatencyProxy((target.address, target.port), delay_ms, ("127.0.0.1", port)).start()

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, run_script
+from ..remote import REMOTE_DIR
 
-PROBE = Path(__file__).parent / "remote" / "smoke_probe.py"
+PROBE = REMOTE_DIR / "smoke_probe.py"
 
 
 def run_probe(conn: Any, rendered: Rendered, simulate: str | None, python: str | None = None) -> dict[str, Any]:

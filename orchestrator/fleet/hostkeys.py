@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
 
-from .errors import HostKeyError
+from ..errors import HostKeyError
 
 _write_lock = threading.Lock()
 

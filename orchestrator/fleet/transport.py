@@ -21,7 +21,7 @@ import fabric
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from .errors import ConnectError, HostKeyError, LoopbackOnlyError
+from ..errors import ConnectError, HostKeyError, LoopbackOnlyError
 from .hostkeys import KnownHosts, changed_key_error, make_policy
 from .inventory import Host
 from .safety import check_target

@@ -13,11 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .artifacts import Extension, load_extension
-from .errors import ConfigError
+from ..errors import ConfigError
 from .patchset import Patchset, load_patchset
 from .yamlsrc import SourceMap, load_model
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class ExtensionRef(BaseModel):

@@ -10,11 +10,12 @@ import ast
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .errors import SglfleetError
+from ..errors import SglfleetError
 from .inventory import Host
 from .transport import Connection
+from ..remote import REMOTE_DIR
 
-GATHER_SCRIPT = Path(__file__).parent / "remote" / "gather_facts.py"
+GATHER_SCRIPT = REMOTE_DIR / "gather_facts.py"
 _SEP = "\x1f"  # field separator inside one request argument (see gather_facts.py)
 
 

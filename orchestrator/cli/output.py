@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from .group import GroupResult
+from ..fleet.group import GroupResult
 
 # Off a terminal (CI logs, pipes) Rich would assume 80 columns and wrap the tables; COLUMNS wins.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
