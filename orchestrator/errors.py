@@ -23,10 +23,6 @@ class ConfigError(SglfleetError):
         super().__init__(where + message)
 
 
-class UsageError(SglfleetError):
-    exit_code = 2
-
-
 class LoopbackOnlyError(SglfleetError):
     """Raised before any packet is sent to a non-loopback target."""
 
@@ -39,5 +35,16 @@ class ConnectError(SglfleetError):
     """The host could not be reached or authentication failed."""
 
 
-class RemoteTimeout(SglfleetError):
-    """A remote command ran past its timeout and was killed."""
+class RemoteError(SglfleetError):
+    """A remote script failed: its own explanation (a refusal) or an exception, whole.
+
+    `error_type`, `remote_traceback` and `detail` are what the host reported (see
+    remote/hostlib.serve); `exit_status` is the remote process's exit status."""
+
+    def __init__(self, message: str, error_type: str = "Failure", remote_traceback: str | None = None,
+                 detail: dict | None = None, exit_status: int | None = None):
+        super().__init__(message)
+        self.error_type = error_type
+        self.remote_traceback = remote_traceback
+        self.detail = detail or {}
+        self.exit_status = exit_status

@@ -14,6 +14,7 @@ from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
 from .conftest import sglfleet
+from .direct import run_python
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 M = "/root/models"
@@ -50,8 +51,8 @@ def test_facts_show_sglang_and_the_gpu(lab):
 def test_stand_in_accepts_and_rejects_exactly_as_sglang(inventory):
     with connect(inventory, "ct129") as conn:
         assert conn.run(f"test -f {M}/Qwen3.6-27B/config.json && test -f {M}/Qwen3.6-27B-DFlash/config.json").ok
-        direct = conn.run_python(Path(__file__).parent / "remote" / "direct_validate.py",
-                                 [json.dumps([argv for argv, _ in CASES.values()])], timeout=600)
+        direct = run_python(conn, Path(__file__).parent / "remote" / "direct_validate.py",
+                            [json.dumps([argv for argv, _ in CASES.values()])], timeout=600)
         assert direct.ok, direct.stderr_text
         want = json.loads(direct.stdout)
         for (name, (argv, expected)), direct_outcome in zip(CASES.items(), want, strict=True):

@@ -24,6 +24,7 @@ from orchestrator.stages.release import inspect
 from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, sglfleet
+from .direct import run_python
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 PROFILE = "qwen36-ddtree"
@@ -84,8 +85,8 @@ def expected_new(files: Files, pristine: dict[str, str | None]) -> dict[str, str
 
 
 def validate(conn, cases):
-    result = conn.run_python(Path(__file__).parent / "remote" / "direct_validate.py", [json.dumps(cases)],
-                             timeout=600)
+    result = run_python(conn, Path(__file__).parent / "remote" / "direct_validate.py", [json.dumps(cases)],
+                        timeout=600)
     assert result.ok, result.stderr_text
     return json.loads(result.stdout)
 
@@ -188,7 +189,7 @@ def test_extension_installed_only_where_the_fingerprint_matches(lab, inventory, 
         (art / "sglfleet_lab_ext.py").write_text(f"BUILD = {name!r}\n")
         (art / "metadata.json").write_text(json.dumps({"name": f"lab-ext-{name}", "module": "sglfleet_lab_ext.py",
                                                        "fingerprint": fp}))
-        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\ndeploy:\n  extension:\n    path: {name}\n")
+        (tmp_path / f"{name}.yaml").write_text(f"name: {name}\nartifacts:\n  extension:\n    path: {name}\n")
     proc = cli(lab, "push", "ct131", str(tmp_path / "other.yaml"), "--json")
     other = json.loads(proc.stdout)["hosts"]["ct131"]["value"]
     assert proc.returncode == 0 and other["release"] is None and other["files"] == []
@@ -302,7 +303,7 @@ def test_patchset_init_from_hand_edited_files_then_push(lab, inventory, tmp_path
         assert {f.path: f.replaces for f in patchset.manifest.files} == {
             "srt/speculative/spec_info.py": sha256(original), "srt/speculative/ddtree_seed.py": "new"}
         assert patchset.manifest.versions == "==0.5.23"
-        (tmp_path / "seed.yaml").write_text(f"name: seed\ndeploy:\n  patchset: {out}\n")
+        (tmp_path / "seed.yaml").write_text(f"name: seed\nartifacts:\n  patchset: {out}\n")
         proc = cli(lab, "push", "ct133", str(tmp_path / "seed.yaml"))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout.endswith(b"# seed edit\n")

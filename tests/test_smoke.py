@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.fleet.hostkeys import KnownHosts
-from orchestrator.stages.smoke import PROBE
 from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, TEST_HOSTS, sglfleet
+from .direct import run_function
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -47,8 +47,8 @@ def test_seed_story_hybrid_flags_left_out_then_rendered(lab, inventory, tmp_path
     assert "raise ValueError(" in stored and "cannot branch across tree siblings" in stored.splitlines()[-1]
     # The same probe run directly on the host, without sglfleet's controller, gives the same traceback.
     with Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path)) as conn:
-        direct = conn.run_python(PROBE, [json.dumps({"argv": host["render"]["command"][3:], "simulate": "h200"})],
-                                 timeout=600)
+        direct = run_function(conn, "smoke_probe.py", "probe",
+                               {"argv": host["render"]["command"][3:], "simulate": "h200"})
     assert json.loads(direct.stdout)["traceback"].splitlines() == stored.splitlines()
     assert any("--mamba-radix-cache-strategy extra_buffer --mamba-full-memory-ratio 0.5 "
                "--speculative-ddtree-allow-hybrid-unsafe" in fix for fix in host["diagnosis"])

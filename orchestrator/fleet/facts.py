@@ -1,22 +1,15 @@
 """Facts: tiny classes that know what to ask the host and how to read the answer.
 
-All requested facts of a host travel in ONE round trip: their requests become the argv of
-`remote/gather_facts.py` (sent over stdin), which answers with one Python literal.
+All requested facts of a host travel in ONE round trip: their requests are the args of
+`remote/gather_facts.py`'s `gather` command (fleet/remote_call.py), which answers every one.
 """
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import SglfleetError
 from .inventory import Host
-from .transport import Connection
-from ..remote import REMOTE_DIR
-
-GATHER_SCRIPT = REMOTE_DIR / "gather_facts.py"
-_SEP = "\x1f"  # field separator inside one request argument (see gather_facts.py)
+from .remote_call import call
 
 
 class Fact:
@@ -28,21 +21,6 @@ class Fact:
 
     def process(self, raw: Any, host: Host) -> Any:
         return raw
-
-
-class CommandFact(Fact):
-    argv: ClassVar[list[str]]
-
-    def request(self, host: Host) -> dict[str, Any]:
-        return {"kind": "cmd", "args": list(self.argv)}
-
-    def process(self, raw: dict[str, Any], host: Host) -> Any:
-        if raw.get("rc") != 0:
-            return None
-        return self.parse(raw["stdout"])
-
-    def parse(self, stdout: str) -> Any:
-        return stdout.strip()
 
 
 class Hostname(Fact):
@@ -68,29 +46,17 @@ class OsRelease(Fact):
         return fields.get("PRETTY_NAME") or fields.get("NAME") or "unknown"
 
 
-class Gpus(CommandFact):
+class Gpus(Fact):
+    """nvidia-smi's listing, parsed on the host (remote/hostlib.gpus: the one parser)."""
+
     name = "gpus"
-    argv = ["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
-            "--format=csv,noheader,nounits"]
 
-    def process(self, raw: dict[str, Any], host: Host) -> list[dict[str, Any]]:
-        if raw.get("rc") == 127:
-            return []  # no nvidia-smi: no NVIDIA GPU on this host
-        if raw.get("rc") != 0:
-            return [{"error": (raw.get("stderr") or "nvidia-smi failed").strip()}]
-        return self.parse(raw["stdout"])
+    def request(self, host: Host) -> dict[str, Any]:
+        return {"kind": "py", "args": ["gpus"]}
 
-    def parse(self, stdout: str) -> list[dict[str, Any]]:
-        gpus = []
-        for line in stdout.splitlines():
-            cells = [c.strip() for c in line.split(",")]
-            # Lines that are not CSV rows (a banner, a warning) are skipped, not guessed at.
-            if len(cells) != 4 or not cells[0].isdigit():
-                continue
-            memory = int(cells[2]) if cells[2].isdigit() else None
-            gpus.append({"index": int(cells[0]), "name": cells[1], "memory_mib": memory,
-                         "driver": cells[3]})
-        return gpus
+    def process(self, raw: list[dict[str, Any]], host: Host) -> list[dict[str, Any]]:
+        keep = ("index", "name", "memory_mib", "driver", "error")
+        return [{k: g[k] for k in keep if k in g} for g in raw]
 
 
 class Interpreter(Fact):
@@ -122,23 +88,12 @@ class ModelsDisk(Fact):
 DEFAULT_FACTS: tuple[type[Fact], ...] = (Hostname, OsRelease, Interpreter, Packages, Gpus, ModelsDisk)
 
 
-def gather(conn: Connection, fact_types: tuple[type[Fact], ...] = DEFAULT_FACTS,
+def gather(conn: Any, fact_types: tuple[type[Fact], ...] = DEFAULT_FACTS,
            timeout: float = 60) -> dict[str, Any]:
     """All facts of one host in one round trip."""
     facts = [t() for t in fact_types]
-    argv = []
-    for fact in facts:
-        request = fact.request(conn.host)
-        argv.append(_SEP.join([fact.name, request["kind"], *request["args"]]))
-    result = conn.run_python(GATHER_SCRIPT, argv, timeout=timeout, fallback_python=True)
-    if not result.ok:
-        why = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        raise SglfleetError(f"{conn.host.name}: fact gathering failed ({why}):\n{result.stderr_text}")
-    try:
-        raw = ast.literal_eval(result.stdout_text)  # literals only: never evaluates code
-    except (ValueError, SyntaxError, MemoryError):
-        raise SglfleetError(f"{conn.host.name}: fact gathering printed no result:\n"
-                            f"{result.stdout_text}\n{result.stderr_text}") from None
+    requests = [{"name": fact.name, **fact.request(conn.host)} for fact in facts]
+    raw = call(conn, "gather_facts.py", "gather", {"requests": requests}, timeout=timeout, fallback_python=True)
     values: dict[str, Any] = {}
     for fact in facts:
         item = raw.get(fact.name, {})

@@ -2,7 +2,8 @@
 
 A task is a function `task(conn) -> value` that gets the host's one `Connection`; the
 connection is opened once per host per command run and shared by every task run on it.
-A host that is down or whose task raises is recorded as failed; it never stops others.
+A host that is down or whose task raises is recorded as failed, the exception kept in its
+HostResult (as Fabric's GroupResult does); it never stops the others.
 """
 
 from __future__ import annotations
@@ -24,13 +25,34 @@ DEFAULT_FORKS = 32
 ProgressCallback = Callable[[str, str, str], None]
 
 
+class TaskFailed(SglfleetError):
+    """The task reached the host and the host's answer is a failure (see TaskOutcome)."""
+
+
 @dataclass
 class HostResult:
     host: str
     ok: bool
     value: Any = None
-    error: str | None = None
+    exception: BaseException | None = None
     duration: float = 0.0
+
+    @property
+    def error(self) -> str | None:
+        """The failure as text: an expected error's one paragraph, a bug's whole traceback."""
+        exc = self.exception
+        if exc is None:
+            return None
+        if isinstance(exc, SglfleetError):
+            return str(exc)
+        return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc))
+
+    @property
+    def exit_code(self) -> int:
+        """0, or the exception's own code (2 for bad input, 1 otherwise)."""
+        if self.ok:
+            return 0
+        return getattr(self.exception, "exit_code", 1)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "ok": self.ok, "value": self.value, "error": self.error,
@@ -95,15 +117,12 @@ class Group:
             conn.open()
             self._emit(host.name, "running", label)
             value = task(conn)
-        except SglfleetError as exc:
-            result = HostResult(host.name, False, error=str(exc), duration=time.monotonic() - started)
-        except Exception as exc:  # a bug in a task must not take the other hosts down
-            detail = "".join(traceback.format_exception(exc))
-            result = HostResult(host.name, False, error=f"{type(exc).__name__}: {exc}\n{detail}",
-                                duration=time.monotonic() - started)
+        except Exception as exc:  # kept whole; a bug in a task must not take the other hosts down
+            result = HostResult(host.name, False, exception=exc, duration=time.monotonic() - started)
         else:
             if isinstance(value, TaskOutcome):  # reached the host, and it said how it went
-                result = HostResult(host.name, value.ok, value.value, value.error, time.monotonic() - started)
+                failure = None if value.ok else TaskFailed(value.error or "failed")
+                result = HostResult(host.name, value.ok, value.value, failure, time.monotonic() - started)
             else:
                 result = HostResult(host.name, True, value, None, time.monotonic() - started)
         self._emit(host.name, "ok" if result.ok else "failed", result.error or "")

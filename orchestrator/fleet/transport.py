@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable
 
 import fabric
 import paramiko
@@ -76,19 +76,26 @@ def _retryable(exc: BaseException) -> bool:
                             paramiko.ssh_exception.NoValidConnectionsError))
 
 
-class _ChannelWriter(io.RawIOBase):
-    """File-like adapter so tarfile (or any writer) can stream into a channel's stdin."""
+class StreamWriter(io.RawIOBase):
+    """A file-like sink for tarfile (or any writer): counts what passes and, with `rate`
+    (bytes/s), paces it. Streams a command's stdin into a channel, and --bwlimit's pacing."""
 
-    def __init__(self, channel: paramiko.Channel):
-        self.channel = channel
+    def __init__(self, sink: Callable[[bytes], Any], rate: float | None = None):
+        self.sink = sink
+        self.rate = rate
         self.count = 0
+        self.started = time.monotonic()
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         data = bytes(data)
-        self.channel.sendall(data)
+        if self.rate:
+            ahead = (self.count + len(data)) / self.rate - (time.monotonic() - self.started)
+            if ahead > 0:
+                time.sleep(ahead)
+        self.sink(data)
         self.count += len(data)
         return len(data)
 
@@ -184,7 +191,7 @@ class Connection:
         wrapped = f"printf 'sglfleet-pgid %s\\n' \"$$\"; {command}"
         started = time.monotonic()
         channel.exec_command(wrapped)
-        writer = _ChannelWriter(channel)
+        writer = StreamWriter(channel.sendall)
         # Blocking reader threads, one per stream: no polling, so many hosts at once cost
         # no CPU while they wait.
         stdout, stderr = _StreamReader(channel.recv), _StreamReader(channel.recv_stderr)
@@ -219,39 +226,6 @@ class Connection:
         cleanup.recv_exit_status()
         cleanup.close()
 
-    def run_python(self, script: str | Path, args: Iterable[str] = (), python: str | None = None,
-                   timeout: float | None = None, fallback_python: bool = False) -> CommandResult:
-        """Send a local .py file over stdin to the remote interpreter (one round trip)."""
-        interpreter = python or self.host.python
-        argv = " ".join(shlex.quote(a) for a in args)
-        if fallback_python:
-            # The configured interpreter may be missing; run with python3 and say so in argv.
-            command = (f"if p=$(command -v {shlex.quote(interpreter)}); then exec \"$p\" - {argv}; "
-                       f"else exec python3 - {argv} --interpreter-missing; fi")
-        else:
-            command = f"exec {shlex.quote(interpreter)} - {argv}"
-        return self.run(command, stdin=Path(script).read_bytes(), timeout=timeout)
-
-    def run_script(self, script: str | Path, args: Iterable[str] = (), payload: StdinType = None,
-                   python: str | None = None, timeout: float | None = None) -> CommandResult:
-        """Like run_python, but stdin carries the script AND a payload after it (one round trip):
-        a one-line bootstrap reads exactly the script's bytes, runs them, and the script reads
-        the rest of stdin (e.g. a tar stream) itself."""
-        code = Path(script).read_bytes()
-        boot = (f"import sys;n=int(sys.argv.pop(1));"
-                f"exec(compile(sys.stdin.buffer.read(n),{Path(script).name!r},'exec'))")
-        argv = " ".join(shlex.quote(a) for a in [str(len(code)), *args])
-        command = f"exec {shlex.quote(python or self.host.python)} -c {shlex.quote(boot)} {argv}"
-
-        def stdin(writer: IO[bytes]) -> None:
-            writer.write(code)
-            if isinstance(payload, (bytes, bytearray)):
-                writer.write(payload)
-            elif callable(payload):
-                payload(writer)
-
-        return self.run(command, stdin=stdin, timeout=timeout)
-
     def put_tree(self, local_dir: str | Path, remote_dir: str, timeout: float | None = None) -> PushResult:
         """Push a directory tree as ONE tar stream over one exec channel."""
         local = Path(local_dir)
@@ -279,19 +253,24 @@ def _parse_jump(spec: str, target: Host) -> Host:
                 host_key_policy=target.host_key_policy, connect_timeout=target.connect_timeout)
 
 
-def _feed_stdin(channel: paramiko.Channel, writer: _ChannelWriter, stdin: StdinType) -> None:
+def feed(writer: IO[bytes], stdin: StdinType) -> None:
+    """Write a command's stdin (bytes, text, a file, or a function that writes) into `writer`."""
+    if stdin is None:
+        return
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        writer.write(stdin)
+    elif isinstance(stdin, str):
+        writer.write(stdin.encode())
+    elif callable(stdin):
+        stdin(writer)
+    else:
+        while chunk := stdin.read(_CHUNK):
+            writer.write(chunk)
+
+
+def _feed_stdin(channel: paramiko.Channel, writer: StreamWriter, stdin: StdinType) -> None:
     try:
-        if stdin is None:
-            pass
-        elif isinstance(stdin, (bytes, bytearray, memoryview)):
-            writer.write(stdin)
-        elif isinstance(stdin, str):
-            writer.write(stdin.encode())
-        elif callable(stdin):
-            stdin(writer)
-        else:
-            while chunk := stdin.read(_CHUNK):
-                writer.write(chunk)
+        feed(writer, stdin)
     except (OSError, EOFError, paramiko.SSHException):
         pass  # the remote side closed early; its exit status and stderr say why
     finally:

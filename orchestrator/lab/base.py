@@ -88,7 +88,7 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
     runs it on every facts call, and on a lab machine all hosts share the controller's cores: a
     Python start per host made the 32-host fan-out benchmark measure the simulator, not sglfleet.
     """
-    from ..fleet.facts import Gpus
+    from ..remote.hostlib import GPU_QUERY
 
     bin_dir.mkdir(parents=True, exist_ok=True)
     for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi.py", "/usr/bin/env python3"),
@@ -99,7 +99,7 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
             text = text.split("\n", 1)[1]
         (bin_dir / name).write_text(f"#!{interpreter}\n" + text)
         (bin_dir / name).chmod(0o755)
-    query = Gpus.argv[1:]
+    query = GPU_QUERY
     rendered = subprocess.run([sys.executable, str(IMAGE / "nvidia_smi.py"), *query], capture_output=True,
                               text=True, check=True, env={**os.environ, "SGLFLEET_LAB_GPU": gpu}).stdout
     (bin_dir / "nvidia-smi").write_text(

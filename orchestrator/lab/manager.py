@@ -4,7 +4,7 @@ Host N (ct129, ct130, ...) listens on 127.0.1.N:22 and runs in its own mount, pi
 uts namespaces. It sees the real filesystem, except that /root, /var/lib, /var/log and
 /etc/systemd are overlays (a shared read-only base + the real directory underneath, with
 a per-host upper layer) and /tmp is its own. So /root/ml-env, /root/models and
-/var/lib/sglfleet have the same paths as on a real host but differ per host.
+the state dir (remote/hostlib.STATE_DIR) have the same paths as on a real host but differ per host.
 
 State lives in SGLFLEET_LAB_DIR (default /var/cache/sglfleet/lab). That directory must not
 sit under an overlaid path (overlayfs refuses layers nested in each other), which is

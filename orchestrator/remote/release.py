@@ -1,10 +1,10 @@
 """Remote side of releases: inspect, apply, list and roll back changes to an installed package.
 
-Sent over stdin and started as `python3 -c BOOT N COMMAND ARGS_JSON`: BOOT reads the first N
-bytes of stdin (this file) and runs them, so for `apply` the rest of stdin is the tar stream of
-the new files. Prints ONE JSON document on stdout; progress goes to stderr. Stdlib only, 3.8+.
+Run through the one call convention (fleet/remote_call.py -> hostlib.serve): `COMMANDS[name](args,
+stream)`, where for `apply` the stream carries the tar of the new files after the args. Progress
+goes to stderr. Stdlib + hostlib only, Python 3.8+; importable on the controller for unit tests.
 
-Everything lives under the state dir (default /var/lib/sglfleet):
+Everything lives under the state dir (hostlib.STATE_DIR):
     lock                      flock'd by the run changing this host; holds the holder's JSON
     journal.json              exists only while files are being swapped (see `Transaction`)
     current                   id of the newest active release
@@ -17,9 +17,6 @@ A target is named `<root>/<path>`: root `pkg` is the package directory (site-pac
 root `purelib` is site-packages itself (where a built extension module goes).
 """
 
-import fcntl
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -27,139 +24,20 @@ import sys
 import tarfile
 import time
 
-EXIT_LOCKED = 3
-EXIT_FAILED = 1
+try:  # on the host: sent ahead of this file by the call convention (fleet/remote_call.py)
+    import sglfleet_hostlib as hostlib
+except ImportError:  # on the controller: unit tests import this file
+    from orchestrator.remote import hostlib
 
-
-class Failure(Exception):
-    """A refusal or failure this script explains; `detail` carries extra JSON fields."""
-
-    def __init__(self, message, code=EXIT_FAILED, **detail):
-        super().__init__(message)
-        self.code = code
-        self.detail = detail
-
-
-def log(message):
-    sys.stderr.write("sglfleet-remote: %s\n" % message)
-    sys.stderr.flush()
-
-
-def sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path, document):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(document, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path))
-
-
-def read_json(path, default=None):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return default
-
-
-def copy_durable(source, dest):
-    """Copy bytes and mode, fsync'd, creating parent dirs."""
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    shutil.copyfile(source, dest)
-    shutil.copymode(source, dest)
-    with open(dest, "rb+") as fh:
-        os.fsync(fh.fileno())
-
-
-def temp_name(target, txid):
-    head, tail = os.path.split(target)
-    return os.path.join(head, ".%s.sglfleet-%s" % (tail, txid))
-
-
-def swap_in(source, target, txid):
-    """Make `target` hold `source`'s bytes atomically: a temp file in the target's own
-    directory (same filesystem), fsync, rename over the target, fsync the directory."""
-    tmp = temp_name(target, txid)
-    copy_durable(source, tmp)
-    os.replace(tmp, target)
-    fsync_dir(os.path.dirname(target))
-
-
-# ---------------------------------------------------------------- the package and the host
-
-
-def locate(package):
-    """Package dir, version and site-packages, without importing the package (seconds)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = list(spec.submodule_search_locations)[0]
-    site = os.path.dirname(root)
-    version = None
-    for item in os.listdir(site):
-        name, _, rest = item.partition("-")
-        if item.endswith(".dist-info") and name.lower().replace("-", "_") == package.replace("-", "_"):
-            version = rest[: -len(".dist-info")]
-            break
-    return {"name": package, "root": root, "site": site, "version": version}
-
-
-def torch_build(site):
-    """torch's version and CUDA version, read from torch/version.py (importing torch takes seconds)."""
-    found = {"version": None, "cuda": None}
-    try:
-        with open(os.path.join(site, "torch", "version.py")) as fh:
-            text = fh.read()
-    except OSError:
-        return found
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        key = key.split(":")[0].strip()
-        value = value.strip().strip("'\"")
-        if key == "__version__":
-            found["version"] = value
-        elif key == "cuda":
-            found["cuda"] = None if value in ("None", "") else value
-    return found
-
-
-def gpu_archs():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    gpus = []
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 2 and cells[1].replace(".", "").isdigit():
-            gpus.append({"name": cells[0], "arch": "sm_" + cells[1].replace(".", "")})
-    return gpus
+Failure, Lock, log, read_json = hostlib.Failure, hostlib.Lock, hostlib.log, hostlib.read_json
+copy_durable, fsync_dir, sha256_file = hostlib.copy_durable, hostlib.fsync_dir, hostlib.sha256_file
+swap_in, temp_name, write_json_atomic = hostlib.swap_in, hostlib.temp_name, hostlib.write_json_atomic
 
 
 class Host:
     def __init__(self, args):
-        self.state = args.get("state_dir") or "/var/lib/sglfleet"
-        self.package = locate(args["package"])
+        self.state = args.get("state_dir") or hostlib.STATE_DIR
+        self.package = hostlib.locate_package(args["package"])
         if self.package is None:
             raise Failure("package %r is not importable by %s" % (args["package"], sys.executable),
                           package_missing=True)
@@ -173,7 +51,7 @@ class Host:
 
     def releases(self):
         """Every release record, oldest first."""
-        base = os.path.join(self.state, "releases")
+        base = os.path.join(self.state, hostlib.RELEASES_DIR)
         records = []
         for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
             record = read_json(os.path.join(base, name, "release.json"))
@@ -185,13 +63,13 @@ class Host:
 
     def current(self):
         try:
-            with open(os.path.join(self.state, "current")) as fh:
+            with open(os.path.join(self.state, hostlib.CURRENT_FILE)) as fh:
                 return fh.read().strip() or None
         except OSError:
             return None
 
     def set_current(self, release_id):
-        path = os.path.join(self.state, "current")
+        path = os.path.join(self.state, hostlib.CURRENT_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w") as fh:
             fh.write((release_id or "") + "\n")
@@ -231,52 +109,6 @@ class Host:
         return source, sha
 
 
-class Lock:
-    """flock on <state>/lock; the file holds the holder's description for whoever is refused."""
-
-    def __init__(self, state, holder):
-        os.makedirs(state, exist_ok=True)
-        self.path = os.path.join(state, "lock")
-        self.holder = holder
-        self.fd = None
-
-    def __enter__(self):
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            with os.fdopen(os.dup(fd)) as fh:
-                holder = read_holder(fh.read())
-            os.close(fd)
-            raise Failure("host is locked by another sglfleet run: %s" % describe(holder), EXIT_LOCKED,
-                          holder=holder)
-        holder = dict(self.holder, pid=os.getpid(), since=time.time())
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder).encode(), 0)
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc):
-        os.ftruncate(self.fd, 0)
-        os.close(self.fd)  # closing releases the flock
-
-
-def read_holder(text):
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {}
-
-
-def describe(holder):
-    if not holder:
-        return "holder unknown"
-    since = holder.get("since")
-    age = " for %.0fs" % (time.time() - since) if since else ""
-    return "%s@%s running `%s` (remote pid %s)%s" % (holder.get("user", "?"), holder.get("controller", "?"),
-                                                    holder.get("command", "?"), holder.get("pid", "?"), age)
-
-
 # ---------------------------------------------------------------- transactions
 
 
@@ -290,7 +122,7 @@ class Transaction:
 
     def __init__(self, host, txid, directory, pace_s=0.0):
         self.host, self.txid, self.dir, self.pace_s = host, txid, directory, pace_s
-        self.journal = os.path.join(host.state, "journal.json")
+        self.journal = os.path.join(host.state, hostlib.JOURNAL_FILE)
         self.ops = []
 
     def prepare(self, changes):
@@ -374,7 +206,7 @@ def mark_rolled_back(host, rollback):
 def recover(host):
     """Finish what an interrupted run left: a journal whose release was committed is just
     removed; otherwise every file it lists is put back to its old bytes."""
-    journal = read_json(os.path.join(host.state, "journal.json"))
+    journal = read_json(os.path.join(host.state, hostlib.JOURNAL_FILE))
     if journal is None:
         return None
     record = read_json(os.path.join(journal["dir"], "release.json")) or \
@@ -388,7 +220,7 @@ def recover(host):
         # in between left the files restored but the records still saying active.
         mark_rolled_back(host, record)
         log("finished the records of interrupted rollback %s" % journal["txid"])
-    os.unlink(os.path.join(host.state, "journal.json"))
+    os.unlink(os.path.join(host.state, hostlib.JOURNAL_FILE))
     fsync_dir(host.state)
     return {"txid": journal["txid"], "undone": not committed, "files": [op["key"] for op in journal["ops"]]}
 
@@ -442,10 +274,11 @@ def cmd_inspect(host, args):
                     with open(source, "rb") as fh:
                         entry["base_text"] = fh.read().decode("utf-8", "surrogateescape")
         files[key] = entry
-    journal = read_json(os.path.join(host.state, "journal.json"))
+    journal = read_json(os.path.join(host.state, hostlib.JOURNAL_FILE))
     return {"package": host.package, "python": {"executable": sys.executable,
                                                   "tag": "cp%d%d" % sys.version_info[:2]},
-            "torch": torch_build(host.package["site"]), "gpus": gpu_archs(), "files": files,
+            "torch": hostlib.torch_build(host.package["site"]), "gpus": [g for g in hostlib.gpus() if g.get("arch")],
+            "files": files,
             "current": host.current(), "releases": len(records), "recovered": recovered,
             "interrupted": journal and {"txid": journal["txid"], "files": len(journal["ops"])}}
 
@@ -484,7 +317,7 @@ def safe_members(tar):
 
 def cmd_apply(host, args, stream):
     release_id = args["id"]
-    rdir = os.path.join(host.state, "releases", release_id)
+    rdir = os.path.join(host.state, hostlib.RELEASES_DIR, release_id)
     with Lock(host.state, args["holder"]):
         recovered = recover(host)
         if os.path.exists(rdir):
@@ -543,13 +376,9 @@ def cmd_releases(host, args):
     records = host.releases()
     for record in records:
         record.pop("dir", None)
-    journal = read_json(os.path.join(host.state, "journal.json"))
-    lock_text = ""
-    if os.path.exists(os.path.join(host.state, "lock")):
-        with open(os.path.join(host.state, "lock")) as fh:
-            lock_text = fh.read()
+    journal = read_json(os.path.join(host.state, hostlib.JOURNAL_FILE))
     return {"releases": records, "current": host.current(), "package": host.package,
-            "interrupted": journal and journal["txid"], "lock_holder": read_holder(lock_text) if lock_text else None}
+            "interrupted": journal and journal["txid"], "lock_holder": hostlib.lock_holder(host.state)}
 
 
 def cmd_rollback(host, args):
@@ -590,7 +419,7 @@ def cmd_rollback(host, args):
                           "(--force overrides, the changed files are kept in the rollback's backup): %s"
                           % (undo[-1]["id"], ", ".join(d["key"] for d in drifted)), drifted=drifted)
         rb_id = args["id"]
-        rb_dir = os.path.join(host.state, "rollbacks", rb_id)
+        rb_dir = os.path.join(host.state, hostlib.ROLLBACKS_DIR, rb_id)
         os.makedirs(rb_dir)
         changes = []
         for key in sorted(wanted):
@@ -613,26 +442,18 @@ def cmd_rollback(host, args):
             "files": [key for key, _ in changes], "drifted_kept": drifted}
 
 
-def main():
-    command, args = sys.argv[1], json.loads(sys.argv[2])
-    try:
-        host = Host(args)
-        if command == "inspect":
-            result = cmd_inspect(host, args)
-        elif command == "apply":
-            result = cmd_apply(host, args, sys.stdin.buffer)
-        elif command == "releases":
-            result = cmd_releases(host, args)
-        elif command == "index":
-            result = cmd_index(host, args)
-        elif command == "rollback":
-            result = cmd_rollback(host, args)
-        else:
-            raise Failure("unknown command %r" % command)
-    except Failure as exc:
-        sys.stdout.write(json.dumps(dict(exc.detail, ok=False, error=str(exc))))
-        sys.exit(exc.code)
-    sys.stdout.write(json.dumps(dict(result, ok=True)))
+def command(function):
+    """A command of this script: (args, stream) -> JSON value, on the host named by args."""
+    return lambda args, stream: function(Host(args), args, stream)
 
 
-main()
+COMMANDS = {
+    "inspect": command(lambda host, args, stream: cmd_inspect(host, args)),
+    "apply": command(cmd_apply),
+    "releases": command(lambda host, args, stream: cmd_releases(host, args)),
+    "index": command(lambda host, args, stream: cmd_index(host, args)),
+    "rollback": command(lambda host, args, stream: cmd_rollback(host, args)),
+}
+
+if __name__ == "__main__":
+    sys.exit(hostlib.main(COMMANDS))

@@ -1,10 +1,11 @@
 """Remote side of the server facts a render needs, in one process: SGLang's version, the option
 strings its launch argparse accepts, the target model's and the draft's config.json, the GPUs.
 
-argv[1] is JSON {"model": path, "draft": path or null, "state_dir": dir}. Prints one JSON document.
-Building SGLang's parser imports it (seconds), so the option list is cached on the host under the
-state dir, keyed by the sglang version and the hash of the files that define its arguments.
-Stdlib only (SGLang itself is imported only on a cache miss); Python 3.8+.
+Command `facts`, args {"model": path, "draft": path or null, "state_dir": dir} (the call
+convention, fleet/remote_call.py). Building SGLang's parser imports it (seconds), so the option
+list is cached on the host under the state dir, keyed by the sglang version and the hash of the
+files that define its arguments. Stdlib + hostlib only (SGLang is imported only on a cache
+miss); Python 3.8+.
 """
 
 import hashlib
@@ -13,21 +14,12 @@ import os
 import subprocess
 import sys
 
+try:  # on the host: sent ahead of this file by the call convention (fleet/remote_call.py)
+    import sglfleet_hostlib as hostlib
+except ImportError:  # on the controller: unit tests import this file
+    from orchestrator.remote import hostlib
+
 RECURRENT = ("linear_attention", "mamba", "mamba2", "gated_deltanet", "linear")
-
-
-def sglang_location():
-    import importlib.util
-
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        return None, None
-    root = list(spec.submodule_search_locations)[0]
-    site = os.path.dirname(root)
-    for item in os.listdir(site):
-        if item.startswith("sglang-") and item.endswith(".dist-info"):
-            return root, item[len("sglang-"):-len(".dist-info")]
-    return root, None
 
 
 def args_fingerprint(root, version):
@@ -54,7 +46,7 @@ print(json.dumps(sorted(s for a in parser._actions for s in a.option_strings)))
 
 
 def option_strings(root, version, state_dir):
-    cache_dir = os.path.join(state_dir, "cache")
+    cache_dir = os.path.join(state_dir, hostlib.CACHE_DIR)
     cache = os.path.join(cache_dir, "options-%s.json" % args_fingerprint(root, version))
     try:
         with open(cache) as fh:
@@ -101,31 +93,19 @@ def model_facts(path):
             "layers": len(layer_types) or text.get("num_hidden_layers"), "block_size": block}
 
 
-def gpus():
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,compute_cap",
-                              "--format=csv,noheader,nounits"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    found = []
-    for line in out.stdout.decode("utf-8", "replace").splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) == 4 and cells[0].isdigit():
-            found.append({"index": int(cells[0]), "name": cells[1], "memory_mib": int(cells[2]) if
-                          cells[2].isdigit() else None, "compute_cap": cells[3]})
-    return found
-
-
-def main():
-    args = json.loads(sys.argv[1])
-    root, version = sglang_location()
+def facts(args, stream=None):
+    package = hostlib.locate_package("sglang")
+    root, version = (package["root"], package["version"]) if package else (None, None)
     out = {"python": sys.executable, "sglang": {"installed": root is not None, "version": version, "root": root},
-           "model": model_facts(args.get("model")), "draft": model_facts(args.get("draft")), "gpus": gpus()}
+           "model": model_facts(args.get("model")), "draft": model_facts(args.get("draft")),
+           "gpus": hostlib.gpus()}
     if root is not None:
-        options, cached, error = option_strings(root, version, args.get("state_dir") or "/var/lib/sglfleet")
+        options, cached, error = option_strings(root, version, args.get("state_dir") or hostlib.STATE_DIR)
         out["sglang"].update(options=options, options_cached=cached, options_error=error)
-    sys.stdout.write(json.dumps(out))
+    return out
 
 
-main()
+COMMANDS = {"facts": facts}
+
+if __name__ == "__main__":
+    sys.exit(hostlib.main(COMMANDS))

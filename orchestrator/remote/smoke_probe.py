@@ -1,9 +1,10 @@
 """The smoke probe: SGLang's own prepare_server_args AND its full validation, on the host.
 
-Sent over stdin to the host's interpreter (or run locally by `sglfleet smoke --local`).
-argv[1] is JSON {"argv": [...], "simulate": null | "h200" | ...}. Prints ONE JSON document:
-ok, phase that failed (import | parse | validate), exception type and message, the FULL
-traceback (never cut), SGLang's log lines emitted meanwhile, key resolved fields, timings.
+Command `probe`, args {"argv": [...], "simulate": null | "h200" | ...}, through the call
+convention (fleet/remote_call.py) on the host, or in a local process for `smoke --local`. Its
+value is ONE document: ok, phase that failed (import | parse | validate), exception type and
+message, the FULL traceback (never cut), SGLang's log lines emitted meanwhile, key resolved
+fields, timings. A failing validation is a successful probe whose document says ok: false.
 
 Validation: on SGLang with `ServerArgs.resolve_once` (0.5.23+) parsing only parses and
 resolve_once validates; older versions validate inside ServerArgs.__post_init__, i.e. during
@@ -20,6 +21,11 @@ import logging
 import sys
 import time
 import traceback
+
+try:  # on the host: sent ahead of this file by the call convention (fleet/remote_call.py)
+    import sglfleet_hostlib as hostlib
+except ImportError:  # on the controller: unit tests import this file
+    from orchestrator.remote import hostlib
 
 PLATFORMS = {  # GPU -> SGLang override_platform keywords
     "h200": {"is_cuda": True, "is_sm90": True, "device_capability": (9, 0), "is_hopper_with_cuda_12_3": True},
@@ -43,8 +49,7 @@ class Collect(logging.Handler):
         self.lines.append(self.format(record))
 
 
-def main():
-    request = json.loads(sys.argv[1])
+def probe(request, stream=None):
     argv = list(request["argv"])
     simulate = request.get("simulate")
     out = {"ok": False, "phase": None, "python": sys.executable, "argv": argv, "simulate": simulate,
@@ -99,7 +104,10 @@ def main():
     out["timings"]["total_s"] = round(time.monotonic() - started, 3)
     out["log"] = collect.lines
     out["stderr"] = stderr.getvalue()
-    sys.stdout.write(json.dumps(out, default=str))
+    return out
 
 
-main()
+COMMANDS = {"probe": probe}
+
+if __name__ == "__main__":
+    sys.exit(hostlib.main(COMMANDS))

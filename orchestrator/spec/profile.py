@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
@@ -27,7 +27,7 @@ class ExtensionRef(BaseModel):
     optional: bool = False
 
 
-class Deploy(BaseModel):
+class ArtifactsRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
     patchset: str | None = None
     extension: ExtensionRef | None = None
@@ -79,7 +79,10 @@ class ProfileModel(BaseModel):
         return {False: "off", True: "on"}.get(value, value) if isinstance(value, bool) else value
     server: Server = Server()
     env: dict[str, str] = {}
-    deploy: Deploy = Deploy()
+    artifacts: ArtifactsRef = ArtifactsRef()
+
+    # Top-level keys that were renamed: old -> new (the error for the old one names the new).
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"deploy": "artifacts"}
 
 
 @dataclass
@@ -103,15 +106,15 @@ class Profile:
         return (self.path.parent / relative).resolve()
 
     def artifacts(self) -> Artifacts:
-        deploy, notes = self.model.deploy, []
-        patchset = load_patchset(self.resolve(deploy.patchset)) if deploy.patchset else None
+        refs, notes = self.model.artifacts, []
+        patchset = load_patchset(self.resolve(refs.patchset)) if refs.patchset else None
         extension = None
-        if deploy.extension:
-            where = self.resolve(deploy.extension.path)
-            if (where / "metadata.json").is_file() or not deploy.extension.optional:
+        if refs.extension:
+            where = self.resolve(refs.extension.path)
+            if (where / "metadata.json").is_file() or not refs.extension.optional:
                 extension = load_extension(where)
             else:
-                notes.append(f"extension {deploy.extension.path} is not built (make kernels); "
+                notes.append(f"extension {refs.extension.path} is not built (make kernels); "
                              "deploying without it")
         return Artifacts(patchset, extension, notes)
 

@@ -97,14 +97,17 @@ def line_at(data: Any, loc: tuple) -> int | None:
     return line
 
 
-def validation_error(exc: Any, data: Any, path: str) -> ConfigError:
-    """The first error of a pydantic ValidationError as a ConfigError with file:line."""
+def validation_error(exc: Any, data: Any, path: str, renamed: dict[str, str] | None = None) -> ConfigError:
+    """The first error of a pydantic ValidationError as a ConfigError with file:line; a key the
+    schema renamed (`renamed`: old -> new) says its new name."""
     first = exc.errors()[0]
     loc = tuple(first.get("loc", ()))
     where = ".".join(str(p) for p in loc) or "document"
     message = first.get("msg", "invalid value")
     if first.get("type") == "extra_forbidden":
         message = f"unknown key '{loc[-1]}'"
+        if len(loc) == 1 and loc[0] in (renamed or {}):
+            message += f": it was renamed '{renamed[loc[0]]}'"
     return ConfigError(f"{where}: {message}", path, line_at(data, loc))
 
 
@@ -117,4 +120,4 @@ def load_model(path: str | Path, schema: Any, what: str) -> tuple[Any, SourceMap
     try:
         return schema.model_validate(data), data
     except ValidationError as exc:
-        raise validation_error(exc, data, shown) from None
+        raise validation_error(exc, data, shown, getattr(schema, "RENAMED_KEYS", None)) from None

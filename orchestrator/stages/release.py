@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import getpass
-import json
 import secrets
 import socket
 import time
@@ -19,14 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..errors import SglfleetError
+from ..errors import RemoteError
 from ..spec.patchset import NEW, PatchError, sha256
 from ..spec.profile import Artifacts
-from ..fleet.transport import CommandResult, Connection
-from ..remote import REMOTE_DIR
+from ..fleet import remote_call
+from ..fleet.transport import Connection, StreamWriter
 
-REMOTE_SCRIPT = REMOTE_DIR / "release.py"
-EXIT_LOCKED = 3  # remote/release.py's exit code when another run holds the host's lock
 
 # Statuses of one target file in a plan.
 CURRENT = "current"    # already holds the new bytes
@@ -36,13 +33,6 @@ UPDATE = "update"      # holds an earlier sglfleet release's bytes
 DRIFTED = "drifted"    # neither pristine nor ours: refused unless --force
 FORCED = "forced"      # drifted, replaced because of --force (the backup keeps it)
 CHANGING = (ADD, CHANGE, UPDATE, FORCED)
-
-
-class RemoteError(SglfleetError):
-    def __init__(self, message: str, document: dict[str, Any] | None = None, exit_code: int = 1):
-        super().__init__(message)
-        self.document = document or {}
-        self.remote_exit = exit_code
 
 
 @dataclass
@@ -102,20 +92,8 @@ def new_release_id() -> str:
 
 def call(conn: Connection, command: str, args: dict[str, Any], payload: Any = None,
          timeout: float | None = 600) -> dict[str, Any]:
-    """Run one remote/release.py command; its JSON answer, or RemoteError with its message."""
-    result: CommandResult = conn.run_script(REMOTE_SCRIPT, [command, json.dumps(args)], payload=payload,
-                                            python=conn.host.python, timeout=timeout)
-    try:
-        document = json.loads(result.stdout_text) if result.stdout.strip() else None
-    except ValueError:
-        document = None
-    if document is None:
-        why = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        raise RemoteError(f"{conn.host.name}: release helper gave no answer ({why}):\n"
-                          f"{result.stdout_text}{result.stderr_text}".rstrip())
-    if not document.get("ok"):
-        raise RemoteError(f"{conn.host.name}: {document.get('error')}", document, result.exit_code or 1)
-    return document
+    """One remote/release.py command through the call convention (fleet/remote_call.py)."""
+    return remote_call.call(conn, "release.py", command, args, payload=payload, timeout=timeout)
 
 
 # ---------------------------------------------------------------- inspect + plan
@@ -230,29 +208,14 @@ class _Tar:
         import io
         import tarfile
 
-        started = time.monotonic()
-        outer = self
-
-        class Paced(io.RawIOBase):
-            def writable(self) -> bool:
-                return True
-
-            def write(self, data: Any) -> int:
-                data = bytes(data)
-                if outer.bwlimit:
-                    ahead = (outer.stream_bytes + len(data)) / outer.bwlimit - (time.monotonic() - started)
-                    if ahead > 0:
-                        time.sleep(ahead)
-                writer.write(data)
-                outer.stream_bytes += len(data)
-                return len(data)
-
-        with tarfile.open(fileobj=Paced(), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        paced = StreamWriter(writer.write, self.bwlimit)
+        with tarfile.open(fileobj=paced, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for f in self.files:
                 info = tarfile.TarInfo(f.key)
                 info.size, info.mode, info.mtime = len(f.data), 0o644, int(time.time())
                 tar.addfile(info, io.BytesIO(f.data))
                 self.content_bytes += len(f.data)
+        self.stream_bytes = paced.count
 
 
 @dataclass

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import difflib
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +18,8 @@ import jinja2
 from ..errors import SglfleetError
 from ..fleet.inventory import Host
 from ..spec.profile import Profile, with_overrides
-from ..remote import REMOTE_DIR
+from ..fleet.remote_call import call
 
-SERVER_FACTS = REMOTE_DIR / "server_facts.py"
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
 
 # Flags SGLang renamed: old spelling -> (new spelling, what changed).
@@ -85,29 +83,12 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def run_script(conn: Any, script: Path, arg: str, python: str | None = None,
-               timeout: float = 600) -> tuple[str, str, bool]:
-    """Run one of our remote .py files with one argument, fed over stdin, on the host, or in a local
-    process when conn is None (--local): the same file the same way, so tracebacks read alike."""
-    if conn is None:
-        import subprocess
-        import sys
-        proc = subprocess.run([python or sys.executable, "-", arg], input=script.read_text(), capture_output=True,
-                              text=True, timeout=timeout)
-        return proc.stdout, proc.stderr, proc.returncode == 0
-    result = conn.run_python(script, [arg], timeout=timeout)
-    return result.stdout_text, result.stderr_text, result.ok
-
-
-def server_facts(conn: Any, profile: Profile, python: str | None = None) -> dict[str, Any]:
-    """One round trip (or one local process when conn is None, for --local)."""
+def server_facts(conn: Any, profile: Profile) -> dict[str, Any]:
+    """One round trip: remote/server_facts.py on conn's host (a LocalConnection for --local)."""
     model = profile.model.model
     spec = profile.model.speculative
-    args = json.dumps({"model": model.path if model else None, "draft": spec.draft_model if spec else None})
-    stdout, stderr, ok = run_script(conn, SERVER_FACTS, args, python, timeout=300)
-    if not ok:
-        raise SglfleetError(f"server facts failed:\n{stdout}{stderr}".rstrip())
-    return json.loads(stdout)
+    args = {"model": model.path if model else None, "draft": spec.draft_model if spec else None}
+    return call(conn, "server_facts.py", "facts", args, timeout=300)
 
 
 class _Sources:

@@ -1,8 +1,9 @@
 """`sglfleet smoke`: run SGLang's own parse + validation of the rendered argv on each host.
 
-Per host: server facts + render (one round trip), then the probe (`remote/smoke_probe.py`, one
-round trip). Results are stored whole under runs/<time>-smoke/: <host>.json and, on failure,
-<host>.traceback.txt. Known failures get a concrete fix (`diagnose`).
+Per host (`smoke_host`): server facts + render (one round trip), then the probe
+(`remote/smoke_probe.py`'s `probe`, one round trip); both through fleet/remote_call.py, on a
+LocalConnection for --local. Results are stored whole under runs/<time>-smoke/: <host>.json and,
+on failure, <host>.traceback.txt. Known failures get a concrete fix (`diagnose`).
 """
 
 from __future__ import annotations
@@ -13,20 +14,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, run_script
-from ..remote import REMOTE_DIR
+from ..errors import RemoteError
+from ..fleet.remote_call import call
+from ..spec.profile import Profile
+from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, render, server_facts
 
-PROBE = REMOTE_DIR / "smoke_probe.py"
+PROBE = "smoke_probe.py"
 
 
-def run_probe(conn: Any, rendered: Rendered, simulate: str | None, python: str | None = None) -> dict[str, Any]:
-    request = json.dumps({"argv": rendered.argv, "simulate": simulate})
-    stdout, stderr, _ = run_script(conn, PROBE, request, python)
+def run_probe(conn: Any, rendered: Rendered, simulate: str | None) -> dict[str, Any]:
     try:
-        return json.loads(stdout)
-    except ValueError:
-        return {"ok": False, "phase": "probe", "exception": {"type": "ProbeError", "message": "no JSON from the probe"},
-                "traceback": stdout + stderr, "log": [], "fields": {}, "timings": {}}
+        return call(conn, PROBE, "probe", {"argv": rendered.argv, "simulate": simulate})
+    except RemoteError as exc:  # the probe itself died (killed, interpreter gone): its output, whole
+        return {"ok": False, "phase": "probe", "exception": {"type": "ProbeError", "message": "no answer from the "
+                "probe"}, "traceback": exc.remote_traceback or str(exc), "log": [], "fields": {}, "timings": {}}
 
 
 def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
@@ -78,3 +79,25 @@ def store(directory: Path, host: str, document: dict[str, Any]) -> None:
     probe = document.get("probe") or {}
     if probe.get("traceback"):
         (directory / f"{host}.traceback.txt").write_text(probe["traceback"])
+
+
+def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str | None) -> dict[str, Any]:
+    """Render, then probe, one host (a LocalConnection for --local): the stored document."""
+    started = time.monotonic()
+    try:
+        rendered = render(conn.host, profile, server_facts(conn, profile), inventory_path)
+    except RenderError as exc:
+        return {"ok": False, "phase": "render", "summary": str(exc), "diagnosis": [], "probe": None}
+    probe = run_probe(conn, rendered, simulate)
+    document = {"ok": probe["ok"], "phase": probe.get("phase"), "simulate": simulate,
+                "command_line": rendered.to_json()["command_line"], "render": rendered.to_json(), "probe": probe,
+                "diagnosis": diagnose(probe, rendered), "seconds": round(time.monotonic() - started, 3)}
+    exc = probe.get("exception") or {}
+    first_line = (exc.get("message") or "").splitlines()[0] if exc.get("message") else ""
+    document["summary"] = "ok" if probe["ok"] else f"{probe.get('phase')} failed: {exc.get('type')}: {first_line}"
+    return document
+
+
+def simulate_for(host: Any, simulate: str | None) -> str | None:
+    """--simulate wins; lab hosts validate as their declared GPU (lab_gpu) by default."""
+    return simulate or host.vars.get("lab_gpu")

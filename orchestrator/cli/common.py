@@ -1,0 +1,90 @@
+"""What every command shares: the common options, the inventory, running a task on a pattern's
+hosts with live progress, and `report` — JSON or table, then the exit code.
+
+Exit codes: 0 every host ok, 1 some host failed (the others still ran), 2 usage or configuration
+error (a one-paragraph message, nothing done).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Optional
+
+import typer
+
+from ..errors import ConfigError
+from ..fleet.group import DEFAULT_FORKS, Group, GroupResult
+from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
+from . import output
+
+InventoryOpt = typer.Option(None, "-i", "--inventory", help="Inventory YAML (default: $SGLFLEET_INVENTORY, "
+                            "else inventory/lab.yaml when the lab is up).")
+ForksOpt = typer.Option(DEFAULT_FORKS, "--forks", "-f", help="How many hosts to work on at once.")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
+PolicyOpt = typer.Option(None, "--host-key-policy",
+                         help=f"Override the inventory's host key policy: {' or '.join(HOST_KEY_POLICIES)}.")
+PatternArg = typer.Argument(..., help="Host pattern (Ansible --limit syntax), e.g. all, gpu-fleet:!ct130.")
+ProfileArg = typer.Argument(..., help="Profile name (playbooks/NAME.yaml) or a .yaml path.")
+
+
+@dataclass
+class Globals:
+    """Options given before the subcommand (`sglfleet -i FILE facts all`)."""
+
+    inventory: Optional[str] = None
+
+
+GLOBALS = Globals()
+
+
+def inventory(path: Optional[str]) -> Inventory:
+    """The subcommand's -i, else the one given before it, else $SGLFLEET_INVENTORY or the lab's."""
+    chosen = path or GLOBALS.inventory or default_inventory_path()
+    if chosen is None:
+        raise ConfigError("no inventory given: pass -i FILE, set SGLFLEET_INVENTORY, "
+                          "or start the local lab with `sglfleet lab up`")
+    return load_inventory(chosen)
+
+
+def host_key_policy(value: Optional[str]) -> Optional[str]:
+    if value is not None and value not in HOST_KEY_POLICIES:
+        raise ConfigError(f"--host-key-policy must be one of {', '.join(HOST_KEY_POLICIES)}, got '{value}'")
+    return value
+
+
+def command_line() -> str:
+    return "sglfleet " + " ".join(sys.argv[1:])
+
+
+def run_group(inv: Inventory, pattern: str, task: Callable[[Any], Any], label: str, forks: int,
+              policy: Optional[str], quiet: bool) -> GroupResult:
+    """`task(conn)` on every host `pattern` selects, with live per-host progress on stderr."""
+    group = Group.from_inventory(inv, pattern, forks=forks, host_key_policy=host_key_policy(policy))
+    progress = output.Progress([h.name for h in group.hosts], label, enabled=not quiet)
+    group.progress = progress
+    with group, progress:
+        return group.run(task, label)
+
+
+def on_one_host(inv: Inventory, pattern: str, what: str, task: Callable[[Any], Any], label: str,
+                policy: Optional[str]) -> Any:
+    """`task(conn)` on the one host `pattern` selects; its value, or its exception raised as it
+    was (so a render error keeps exit code 2)."""
+    selected = inv.select(pattern)
+    if len(selected) != 1:
+        raise ConfigError(f"{what} takes one host; '{pattern}' selects {len(selected)}")
+    result = run_group(inv, pattern, task, label, 1, policy, quiet=True)[selected[0].name]
+    if not result.ok:
+        assert result.exception is not None
+        raise result.exception
+    return result.value
+
+
+def report(command: str, results: GroupResult, as_json: bool, table: Callable[[], None], **extra: Any) -> NoReturn:
+    """One JSON document (--json) or the command's own table, then exit with the results' code."""
+    if as_json:
+        output.print_json(output.group_json(command, results, **extra))
+    else:
+        table()
+    raise typer.Exit(results.exit_code)

@@ -1,0 +1,105 @@
+"""`hosts`, `facts`, `run`: what a pattern selects, what the hosts are, an ad-hoc command."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from ..fleet.facts import gather
+from ..fleet.group import TaskOutcome
+from . import output
+from .common import ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, inventory, report, run_group
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(hosts)
+    app.command()(facts)
+    app.command("run")(run_command)
+
+
+def hosts(pattern: str = typer.Argument("all", help="Host pattern (Ansible --limit syntax)."),
+          inventory_path: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    """List the hosts a pattern selects and how they would be reached (no connection)."""
+    inv = inventory(inventory_path)
+    selected = inv.select(pattern)
+    if as_json:
+        output.print_json({"command": "hosts", "pattern": pattern, "inventory": inv.path,
+                           "hosts": [dataclasses.asdict(h) for h in selected]})
+        return
+    table = output.Table(title=f"{len(selected)} host(s) for '{pattern}'")
+    for col in ("host", "target", "python", "groups"):
+        table.add_column(col)
+    for h in selected:
+        table.add_row(h.name, h.target + (f" via {h.proxy_jump}" if h.proxy_jump else ""), h.python,
+                      ", ".join(h.groups))
+    output.stdout.print(table)
+
+
+def facts(pattern: str = PatternArg, inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt,
+          as_json: bool = JsonOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Gather facts (hostname, OS, interpreter, SGLang, GPUs, disk) in one round trip per host."""
+    inv = inventory(inventory_path)
+    started = time.monotonic()
+
+    def task(conn):
+        values = gather(conn)
+        if values["interpreter"]["missing"]:
+            return TaskOutcome(False, values, f"configured python {conn.host.python} not found on the host")
+        return values
+
+    results = run_group(inv, pattern, task, "facts", forks, host_key_policy, quiet=as_json)
+    report("facts", results, as_json,
+           lambda: output.summary_table("facts", results, ["hostname", "os", "python", "sglang", "gpus",
+                                                           "models free"], _facts_row),
+           pattern=pattern, inventory=inv.path, wall_s=round(time.monotonic() - started, 3))
+
+
+def _facts_row(v: dict[str, Any]) -> list[str]:
+    interp = v["interpreter"]
+    gpus = v["gpus"] or []
+    gpu_text = ", ".join(f"{g.get('name')} ({g.get('memory_mib')} MiB)" if "name" in g else g.get("error", "?")
+                         for g in gpus) or "none"
+    disk = v["models_disk"]
+    disk_text = output.human_bytes(disk.get("free_bytes")) + ("" if disk.get("exists") else " (dir missing)")
+    os_name = (v["os"] or "?").split(" (")[0]
+    return [v["hostname"] or "?", os_name, interp["version"] or "?",
+            (v["packages"] or {}).get("sglang") or "-", gpu_text, disk_text]
+
+
+def run_command(pattern: str = PatternArg,
+                command: str = typer.Argument(..., help="Shell command to run on each host."),
+                inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+                timeout: Optional[float] = typer.Option(None, help="Kill the command after this many seconds."),
+                host_key_policy: Optional[str] = PolicyOpt) -> None:
+    """Run one shell command on every selected host and show its complete output."""
+    inv = inventory(inventory_path)
+
+    def task(conn):
+        result = conn.run(command, timeout=timeout)
+        value = {"exit_code": result.exit_code, "stdout": result.stdout_text, "stderr": result.stderr_text,
+                 "duration_s": round(result.duration, 3), "timed_out": result.timed_out}
+        if result.ok:
+            return value
+        why = f"timed out after {timeout}s" if result.timed_out else f"exit code {result.exit_code}"
+        return TaskOutcome(False, value, why)
+
+    results = run_group(inv, pattern, task, "run", forks, host_key_policy, quiet=as_json)
+
+    def print_outputs() -> None:
+        for name, r in results.items():
+            style = "green" if r.ok else "red"
+            output.stdout.rule(f"[{style}]{name}[/] " + ("ok" if r.ok else (r.error or "failed").splitlines()[0]))
+            if r.value:
+                sys.stdout.write(r.value["stdout"])
+                if r.value["stderr"]:
+                    output.stdout.print(output.escape(r.value["stderr"]), style="yellow", end="")
+            elif r.error:
+                output.stdout.print(output.escape(r.error), style="red")
+        sys.stdout.flush()
+        output.stdout.print(f"{len(results.succeeded)} ok, {len(results.failed)} failed")
+
+    report("run", results, as_json, print_outputs, pattern=pattern, inventory=inv.path)

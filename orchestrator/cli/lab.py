@@ -1,0 +1,97 @@
+"""`lab up|status|down|fault|proxy`: the local lab of simulated hosts on loopback."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from ..fleet.hostkeys import known_hosts_name
+from ..lab.manager import Lab
+from ..lab.proxy import LatencyProxy
+from . import output
+from .common import JsonOpt
+
+lab_app = typer.Typer(no_args_is_help=True, help="The local lab: simulated hosts on loopback.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(lab_app, name="lab")
+
+
+def _lab() -> Lab:
+    return Lab(inventory_path=Path(os.environ.get("SGLFLEET_LAB_INVENTORY", "inventory/lab.yaml")))
+
+
+@lab_app.command("up")
+def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (ct129, ct130, ...)."),
+           gpu: str = typer.Option("h200", help="The GPU each host declares (lab_gpu).")) -> None:
+    """Start the lab (idempotent) and write inventory/lab.yaml and its known_hosts."""
+    lab = _lab()
+    started = time.monotonic()
+    hosts = lab.up(count, gpu=gpu)
+    output.stdout.print(f"lab up: {len(hosts)} host(s) in {time.monotonic() - started:.1f}s; "
+                        f"inventory {lab.inventory_path}, known_hosts {lab.known_hosts_path}")
+    for h in hosts:
+        output.stdout.print(f"  {h.name}  {h.address}:{h.port}  gpu={h.gpu}", highlight=False)
+
+
+@lab_app.command("status")
+def lab_status(as_json: bool = JsonOpt) -> None:
+    """Show each lab host: running, sshd reachable."""
+    statuses = _lab().status()
+    if as_json:
+        output.print_json({"command": "lab status", "hosts": [dataclasses.asdict(s) for s in statuses]})
+    elif not statuses:
+        output.stdout.print("lab is down")
+    else:
+        for s in statuses:
+            state = "[green]up[/]" if s.running and s.sshd else ("[yellow]sshd stopped[/]" if s.running
+                                                                 else "[red]down[/]")
+            output.stdout.print(f"{s.name}  {s.address}:22  {state}")
+    raise typer.Exit(0 if statuses and all(s.running and s.sshd for s in statuses) else 1)
+
+
+@lab_app.command("down")
+def lab_down() -> None:
+    """Stop every lab host; no process, mount or namespace is left behind."""
+    stopped = _lab().down()
+    output.stdout.print(f"lab down: stopped {len(stopped)} host(s)")
+
+
+@lab_app.command("fault")
+def lab_fault(action: str = typer.Argument(..., help="stop-sshd | start-sshd | kill-host"),
+              host: str = typer.Argument(..., help="Lab host name, e.g. ct130.")) -> None:
+    """Fault knobs: stop or restart a host's sshd, or kill the whole host."""
+    lab = _lab()
+    actions = {"stop-sshd": lab.stop_sshd, "start-sshd": lab.start_sshd, "kill-host": lab.kill_host}
+    if action not in actions:
+        raise ConfigError(f"unknown fault '{action}'; choose one of {', '.join(actions)}")
+    actions[action](host)
+    output.stdout.print(f"{host}: {action} done")
+
+
+@lab_app.command("proxy")
+def lab_proxy(host: str = typer.Argument(..., help="Lab host to put the proxy in front of."),
+              delay_ms: float = typer.Option(50.0, "--delay-ms", help="Added latency each way."),
+              port: int = typer.Option(0, help="Listen port on 127.0.0.1 (0: any free port).")) -> None:
+    """Run a latency proxy in front of a lab host until Ctrl-C (known_hosts gets its entry)."""
+    lab = _lab()
+    target = lab._host(host)
+    proxy = LatencyProxy((target.address, target.port), delay_ms, ("127.0.0.1", port)).start()
+    assert proxy.address is not None
+    pub = (lab.host_dir(host) / "ssh_host_ed25519_key.pub").read_text().split()
+    name = known_hosts_name(proxy.address[0], proxy.address[1])
+    with open(lab.known_hosts_path, "a") as fh:
+        fh.write(f"{name} {pub[0]} {pub[1]}\n")
+    output.stdout.print(f"proxy {proxy.address[0]}:{proxy.address[1]} -> {host} "
+                        f"({target.address}:22), +{delay_ms:g} ms each way; Ctrl-C to stop")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        proxy.stop()

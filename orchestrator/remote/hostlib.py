@@ -1,0 +1,368 @@
+"""The host-side library: what every remote script needs, written once.
+
+The controller's `fleet.remote_call.call` sends this file ahead of each script on the same stdin
+(see `serve` for the layout), registers it as the module `sglfleet_hostlib`, and the script
+imports it from there; on the controller (tests, `smoke --local` bookkeeping) it is the
+ordinary module `orchestrator.remote.hostlib`. One fact, one function: the package location and
+its dist-info version, the GPU listing, the durable writes, the host lock, the state paths.
+
+`serve` is the one call convention's host half: it runs `COMMANDS[command](args, stream)` of the
+script and prints ONE JSON envelope on the original stdout:
+    {"ok": true, "value": ...}
+    {"ok": false, "error": {"type", "message", "traceback", "detail"}}
+Anything else the script (or SGLang) prints goes to stderr, so it can never corrupt the envelope.
+Stdlib only; runs on Python 3.8+ (hosts bring their own interpreter).
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+
+# The one place the host's state directory is spelled out (controller and host alike).
+STATE_DIR = "/var/lib/sglfleet"
+LOCK_FILE = "lock"
+JOURNAL_FILE = "journal.json"
+CURRENT_FILE = "current"
+RELEASES_DIR = "releases"
+ROLLBACKS_DIR = "rollbacks"
+CACHE_DIR = "cache"
+LAUNCH_SCRIPT = STATE_DIR + "/launch.sh"
+ENV_FILE = STATE_DIR + "/sglang.env"
+
+EXIT_FAILED = 1
+EXIT_LOCKED = 3
+
+# One nvidia-smi query answers every GPU question (the lab pre-renders exactly this query).
+GPU_QUERY = ["--query-gpu=index,name,memory.total,driver_version,compute_cap", "--format=csv,noheader,nounits"]
+
+# Set by `serve` when the configured interpreter was missing and python3 runs us instead.
+INTERPRETER_MISSING = False
+
+
+class Failure(Exception):
+    """A refusal or failure a script explains; `detail` carries extra JSON fields and `code`
+    is the process's exit status."""
+
+    def __init__(self, message, code=EXIT_FAILED, **detail):
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
+
+
+def log(message):
+    sys.stderr.write("sglfleet-remote: %s\n" % message)
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------- files
+
+
+def sha256_file(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path, data, mode=None):
+    """`path` holds either its old bytes or `data`, whatever happens: temp file beside it,
+    fsync, rename, fsync the directory."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, ".%s.tmp-%d" % (os.path.basename(path), os.getpid()))
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+
+
+def write_json_atomic(path, document):
+    write_bytes_atomic(path, json.dumps(document, indent=1, sort_keys=True).encode())
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def copy_durable(source, dest):
+    """Copy bytes and mode, fsync'd, creating parent dirs."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copyfile(source, dest)
+    shutil.copymode(source, dest)
+    with open(dest, "rb+") as fh:
+        os.fsync(fh.fileno())
+
+
+def temp_name(target, txid):
+    head, tail = os.path.split(target)
+    return os.path.join(head, ".%s.sglfleet-%s" % (tail, txid))
+
+
+def swap_in(source, target, txid):
+    """Make `target` hold `source`'s bytes atomically: a temp file in the target's own
+    directory (same filesystem), fsync, rename over the target, fsync the directory."""
+    tmp = temp_name(target, txid)
+    copy_durable(source, tmp)
+    os.replace(tmp, target)
+    fsync_dir(os.path.dirname(target))
+
+
+# ---------------------------------------------------------------- packages
+
+
+def _normalize(name):
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def dist_version(directory, package):
+    """The version in `<package>-<version>.dist-info` inside `directory`, read from the folder
+    name (importlib.metadata would cost imports on every host of every call)."""
+    wanted = _normalize(package)
+    try:
+        listing = os.listdir(directory or ".")
+    except OSError:
+        return None
+    for item in listing:
+        if item.endswith(".dist-info"):
+            name, _, rest = item[: -len(".dist-info")].partition("-")
+            if _normalize(name) == wanted:
+                return rest
+    return None
+
+
+def distributions(*names):
+    """Installed versions of `names` on sys.path (None: not installed)."""
+    found = dict.fromkeys(names)
+    for entry in sys.path:
+        for name in names:
+            if found[name] is None:
+                found[name] = dist_version(entry, name)
+    return found
+
+
+def locate_package(package):
+    """Package dir, version and site-packages, without importing the package (seconds)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    site = os.path.dirname(root)
+    return {"name": package, "root": root, "site": site, "version": dist_version(site, package)}
+
+
+def torch_build(site):
+    """torch's version and CUDA version, read from torch/version.py (importing torch takes seconds)."""
+    found = {"version": None, "cuda": None}
+    try:
+        with open(os.path.join(site, "torch", "version.py")) as fh:
+            text = fh.read()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        key = key.split(":")[0].strip()
+        value = value.strip().strip("'\"")
+        if key == "__version__":
+            found["version"] = value
+        elif key == "cuda":
+            found["cuda"] = None if value in ("None", "") else value
+    return found
+
+
+# ---------------------------------------------------------------- processes and GPUs
+
+
+def run_command(argv, timeout=20):
+    """Run argv with stdout/stderr captured, via posix_spawnp and pipes: the subprocess module
+    costs ~8 ms of imports, paid on every host of every facts call."""
+    import select
+
+    started = time.monotonic()
+    path = os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
+    if "/" not in argv[0] and not any(os.access(os.path.join(d, argv[0]), os.X_OK) for d in path):
+        return {"rc": 127, "stdout": "", "stderr": "%s: command not found" % argv[0], "seconds": 0.0}
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions = [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
+               (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)]
+    pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=actions)
+    os.close(out_w)
+    os.close(err_w)
+    chunks = {out_r: [], err_r: []}
+    open_fds = [out_r, err_r]
+    while open_fds:
+        left = timeout - (time.monotonic() - started)
+        ready = select.select(open_fds, [], [], max(0.0, left))[0] if left > 0 else []
+        if not ready:
+            os.kill(pid, 9)
+            break
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                chunks[fd].append(data)
+            else:
+                open_fds.remove(fd)
+    for fd in (out_r, err_r):
+        os.close(fd)
+    status = os.waitpid(pid, 0)[1]
+    timed_out = bool(open_fds)
+    rc = None if timed_out else (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
+    return {"rc": rc, "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
+            "stderr": ("timed out after %ss" % timeout) if timed_out else
+            b"".join(chunks[err_r]).decode("utf-8", "replace"),
+            "seconds": time.monotonic() - started}
+
+
+def parse_gpus(stdout):
+    """Rows of GPU_QUERY's CSV. Lines that are not rows (a banner, a warning) are skipped."""
+    gpus = []
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        cap = cells[4]
+        gpus.append({"index": int(cells[0]), "name": cells[1],
+                     "memory_mib": int(cells[2]) if cells[2].isdigit() else None, "driver": cells[3],
+                     "compute_cap": cap, "arch": "sm_" + cap.replace(".", "") if cap.replace(".", "").isdigit()
+                     else None})
+    return gpus
+
+
+def gpus():
+    """The host's NVIDIA GPUs: [] when there is no nvidia-smi, [{"error": ...}] when it fails."""
+    result = run_command(["nvidia-smi"] + GPU_QUERY)
+    if result["rc"] == 127:
+        return []
+    if result["rc"] != 0:
+        return [{"error": (result["stderr"] or "nvidia-smi failed").strip()}]
+    return parse_gpus(result["stdout"])
+
+
+# ---------------------------------------------------------------- the host lock
+
+
+class Lock:
+    """flock on <state>/lock; the file holds the holder's description for whoever is refused."""
+
+    def __init__(self, state, holder):
+        os.makedirs(state, exist_ok=True)
+        self.path = os.path.join(state, LOCK_FILE)
+        self.holder = holder
+        self.fd = None
+
+    def __enter__(self):
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            with os.fdopen(os.dup(fd)) as fh:
+                holder = read_holder(fh.read())
+            os.close(fd)
+            raise Failure("host is locked by another sglfleet run: %s" % describe_holder(holder), EXIT_LOCKED,
+                          holder=holder)
+        holder = dict(self.holder, pid=os.getpid(), since=time.time())
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        os.ftruncate(self.fd, 0)
+        os.close(self.fd)  # closing releases the flock
+
+
+def read_holder(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {}
+
+
+def lock_holder(state):
+    """Who holds the lock now, as its file says (None: nobody wrote one)."""
+    try:
+        with open(os.path.join(state, LOCK_FILE)) as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    return read_holder(text) if text else None
+
+
+def describe_holder(holder):
+    if not holder:
+        return "holder unknown"
+    since = holder.get("since")
+    age = " for %.0fs" % (time.time() - since) if since else ""
+    return "%s@%s running `%s` (remote pid %s)%s" % (holder.get("user", "?"), holder.get("controller", "?"),
+                                                    holder.get("command", "?"), holder.get("pid", "?"), age)
+
+
+# ---------------------------------------------------------------- the call convention
+
+
+def serve(stream, script_size, args_size, script_name, command):
+    """Run one command of the script that follows this library on `stream` (stdin).
+
+    stdin: `<hostlib size> <script size> <args size>\\n`, this file, the script, the args JSON,
+    then the command's own payload (e.g. a tar stream), which the command reads from `stream`."""
+    envelope = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints (SGLang's, a script's) go to stderr, never into the envelope
+    sys.stdout = sys.stderr
+    code = 0
+    try:
+        module = type(sys)("sglfleet_script")
+        module.__file__ = script_name
+        exec(compile(stream.read(script_size), script_name, "exec"), module.__dict__)
+        args = json.loads(stream.read(args_size).decode("utf-8")) if args_size else {}
+        commands = module.__dict__.get("COMMANDS", {})
+        if command not in commands:
+            raise Failure("%s has no command %r (it has: %s)" % (script_name, command, ", ".join(sorted(commands))))
+        document = {"ok": True, "value": commands[command](args, stream)}
+    except Failure as exc:
+        code = exc.code
+        document = {"ok": False, "error": {"type": "Failure", "message": str(exc), "traceback": None,
+                                           "detail": exc.detail}}
+    except BaseException as exc:  # noqa: BLE001 - reported whole, with its traceback
+        code = EXIT_FAILED
+        document = {"ok": False, "error": {"type": type(exc).__name__, "message": str(exc),
+                                           "traceback": traceback.format_exc(), "detail": {}}}
+    envelope.write(json.dumps(document, default=str))
+    envelope.flush()
+    return code
+
+
+def main(commands):
+    """`python -m orchestrator.remote.SCRIPT COMMAND ARGS_JSON` on a controller or host, for
+    debugging a script by hand: the same commands, the value printed as JSON."""
+    command, args = sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+    try:
+        value = commands[command](args, sys.stdin.buffer)
+    except Failure as exc:
+        sys.stdout.write(json.dumps({"error": str(exc), "detail": exc.detail}) + "\n")
+        return exc.code
+    sys.stdout.write(json.dumps(value, default=str) + "\n")
+    return 0

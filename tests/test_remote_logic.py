@@ -1,0 +1,157 @@
+"""The host side of releases (remote/release.py + hostlib) as plain functions on temp dirs.
+
+No SSH and no lab: a fake site-packages with a package `pkg`, a state dir, and the same
+commands push and rollback run on a host (`cmd_apply`, `cmd_rollback`), fed a real tar stream.
+The lab tests (test_push.py) check the same code end to end through sshd, with kills.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+
+import pytest
+
+from orchestrator.remote import hostlib, release
+
+HOLDER = {"user": "test", "controller": "here", "command": "pytest"}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def host(tmp_path):
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("")
+    (site / "pkg" / "m.py").write_bytes(b"V = 0\n")
+    h = release.Host.__new__(release.Host)  # the package is ours, not found on sys.path
+    h.state = str(tmp_path / "state")
+    h.package = {"name": "pkg", "root": str(site / "pkg"), "site": str(site), "version": "1.0"}
+    h.roots = {"pkg": h.package["root"], "purelib": h.package["site"]}
+    return h
+
+
+def tar_of(files: dict[str, bytes]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w|") as tar:
+        for key, data in files.items():
+            info = tarfile.TarInfo(key)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buffer.seek(0)
+    return buffer
+
+
+def apply(host, release_id: str, files: dict[str, bytes], befores: dict[str, bytes | None],
+          claimed: dict[str, str] | None = None):
+    args = {"id": release_id, "holder": HOLDER, "artifacts": [], "import_check": [],
+            "files": [{"key": k, "before": None if befores[k] is None else sha(befores[k]),
+                       "after": (claimed or {}).get(k, sha(v))} for k, v in files.items()]}
+    return release.cmd_apply(host, args, tar_of(files))
+
+
+def read(host, key: str) -> bytes | None:
+    path = host.path(key)
+    return open(path, "rb").read() if os.path.exists(path) else None
+
+
+def test_three_releases_roll_back_in_order_to_a_middle_one_and_to_pristine(host):
+    versions = [b"V = 0\n", b"V = 1\n", b"V = 2\n", b"V = 3\n"]
+    for n in (1, 2, 3):
+        apply(host, f"r{n}", {"pkg/m.py": versions[n], "pkg/new.py": b"N = %d\n" % n},
+              {"pkg/m.py": versions[n - 1], "pkg/new.py": None if n == 1 else b"N = %d\n" % (n - 1)})
+    assert read(host, "pkg/m.py") == versions[3] and host.current() == "r3"
+
+    back = release.cmd_rollback(host, {"to": "r1", "id": "rb1", "holder": HOLDER})
+    assert back["rolled_back"] == ["r2", "r3"] and back["current"] == "r1"
+    assert read(host, "pkg/m.py") == versions[1] and read(host, "pkg/new.py") == b"N = 1\n"
+
+    back = release.cmd_rollback(host, {"to": "pristine", "id": "rb2", "holder": HOLDER})
+    assert back["rolled_back"] == ["r1"] and back["current"] is None
+    assert read(host, "pkg/m.py") == versions[0] and read(host, "pkg/new.py") is None
+    statuses = {r["id"]: r["status"] for r in host.releases()}
+    assert statuses == {"r1": "rolled_back", "r2": "rolled_back", "r3": "rolled_back"}
+
+
+def test_staged_bytes_that_do_not_match_their_hash_change_nothing(host):
+    with pytest.raises(hostlib.Failure) as info:
+        apply(host, "bad", {"pkg/m.py": b"V = 9\n"}, {"pkg/m.py": b"V = 0\n"}, claimed={"pkg/m.py": sha(b"other")})
+    assert info.value.detail["phase"] == "verify" and "does not match its sha256" in str(info.value)
+    assert read(host, "pkg/m.py") == b"V = 0\n"
+    assert not os.path.exists(os.path.join(host.state, "releases", "bad"))
+    assert not os.path.exists(os.path.join(host.state, hostlib.JOURNAL_FILE))
+
+
+def test_swap_replaces_the_file_by_rename_never_in_place(host, tmp_path):
+    target = host.path("pkg/m.py")
+    before = os.stat(target).st_ino
+    reader = open(target, "rb")  # a process that had the old file open keeps reading the old bytes
+    source = tmp_path / "new"
+    source.write_bytes(b"V = 5\n")
+    hostlib.swap_in(str(source), target, "tx")
+    assert os.stat(target).st_ino != before and open(target, "rb").read() == b"V = 5\n"
+    assert reader.read() == b"V = 0\n"
+    assert [n for n in os.listdir(os.path.dirname(target)) if "sglfleet" in n] == []  # no temp left
+
+
+def test_an_interrupted_swap_is_undone_to_all_old_by_recover(host, tmp_path, monkeypatch):
+    (tmp_path / "a").write_bytes(b"V = 7\n")
+    (tmp_path / "b").write_bytes(b"W = 7\n")
+    tx = release.Transaction(host, "tx1", str(tmp_path / "txdir"))
+    tx.prepare([("pkg/m.py", str(tmp_path / "a")), ("pkg/w.py", str(tmp_path / "b"))])
+    calls = []
+    real = release.swap_in
+
+    def killed_after_one(source, target, txid):
+        if calls:
+            raise KeyboardInterrupt  # the process dies between two renames
+        calls.append(target)
+        real(source, target, txid)
+
+    monkeypatch.setattr(release, "swap_in", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        tx.apply()
+    monkeypatch.setattr(release, "swap_in", real)
+    assert read(host, "pkg/m.py") == b"V = 7\n"  # half-swapped: exactly what the journal is for
+    recovered = release.recover(host)
+    assert recovered == {"txid": "tx1", "undone": True, "files": ["pkg/m.py", "pkg/w.py"]}
+    assert read(host, "pkg/m.py") == b"V = 0\n" and read(host, "pkg/w.py") is None
+    assert release.recover(host) is None  # the journal is gone: recovery runs once
+
+
+def test_a_committed_release_survives_recovery(host):
+    apply(host, "r1", {"pkg/m.py": b"V = 1\n"}, {"pkg/m.py": b"V = 0\n"})
+    record = json.load(open(os.path.join(host.state, "releases", "r1", "release.json")))
+    # As if killed after the record was committed but before the journal was removed.
+    hostlib.write_json_atomic(os.path.join(host.state, hostlib.JOURNAL_FILE),
+                              {"txid": "r1", "dir": os.path.join(host.state, "releases", "r1"), "ops": [
+                                  {"key": "pkg/m.py", "target": host.path("pkg/m.py"), "new": "x", "old": None,
+                                   "tmp": host.path("pkg/.m.py.sglfleet-r1")}]})
+    assert record["committed"] and release.recover(host)["undone"] is False
+    assert read(host, "pkg/m.py") == b"V = 1\n"
+
+
+def test_pristine_bytes_are_found_under_a_chain_of_releases(host):
+    apply(host, "r1", {"pkg/m.py": b"V = 1\n"}, {"pkg/m.py": b"V = 0\n"})
+    apply(host, "r2", {"pkg/m.py": b"V = 2\n"}, {"pkg/m.py": b"V = 1\n"})
+    source, pristine = host.pristine_source("pkg/m.py", sha(b"V = 2\n"), host.releases())
+    assert pristine == sha(b"V = 0\n") and open(source, "rb").read() == b"V = 0\n"
+    # Hand-edited after r2: the bytes under our change are still r1's backup.
+    open(host.path("pkg/m.py"), "wb").write(b"V = 'edited'\n")
+    source, pristine = host.pristine_source("pkg/m.py", sha(b"V = 'edited'\n"), host.releases())
+    assert pristine == sha(b"V = 0\n") and open(source, "rb").read() == b"V = 0\n"
+
+
+def test_the_lock_refuses_a_second_holder_and_names_the_first(host):
+    with hostlib.Lock(host.state, HOLDER):
+        with pytest.raises(hostlib.Failure) as info:
+            with hostlib.Lock(host.state, {"user": "bob", "controller": "there", "command": "x"}):
+                pass
+    assert info.value.code == hostlib.EXIT_LOCKED
+    assert "test@here running `pytest`" in str(info.value) and info.value.detail["holder"]["user"] == "test"
