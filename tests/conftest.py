@@ -2,17 +2,24 @@
 
 The test lab has its own state dir and subnet (127.0.2.N), so a developer's own lab
 (127.0.1.N, started by `make demo`) keeps running while the tests run.
+
+Nothing in the suite may reach an address outside 127.0.0.0/8. `make test` runs it in a network
+namespace with only lo (see Makefile); on top of that `network_fence` refuses any such connect in
+this process and in the CLI subprocesses started through `sglfleet()` / `fenced_env()`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from . import netfence
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR", "/var/cache/sglfleet/lab-test"))
@@ -21,6 +28,57 @@ TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
 
 # Every test runs under the loopback-only rule.
 os.environ["SGLFLEET_LOOPBACK_ONLY"] = "1"
+FENCE_SITE = Path(__file__).resolve().parent / "fence_site"
+_fence_log: Path | None = None  # set by `network_fence` for the session
+
+
+def network_interfaces() -> list[str]:
+    return sorted(name for _, name in socket.if_nameindex())
+
+
+def in_network_jail() -> bool:
+    """True inside a network namespace whose only interface is lo (`make test`'s jail)."""
+    return network_interfaces() == ["lo"]
+
+
+def pytest_report_header(config):
+    if in_network_jail():
+        return "network jail: yes (only lo in this network namespace)"
+    return (f"network jail: NO (interfaces {', '.join(network_interfaces())}); run the suite with `make test`, "
+            f"which jails it")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def network_fence(tmp_path_factory):
+    """For the whole session: a connect, send or name lookup outside 127.0.0.0/8 raises."""
+    global _fence_log
+    _fence_log = tmp_path_factory.getbasetemp() / "netfence.log"
+    _fence_log.touch()
+    netfence.install(str(_fence_log))
+    yield _fence_log
+    netfence.uninstall()
+    _fence_log = None
+
+
+@pytest.fixture(autouse=True)
+def _no_fence_hits(network_fence):
+    """A test during which the fence refused something fails, even if the code swallowed the error."""
+    start = network_fence.stat().st_size
+    yield
+    with open(network_fence, encoding="utf-8") as fh:
+        fh.seek(start)
+        hits = fh.read()
+    if hits:
+        pytest.fail(f"this test tried to leave 127.0.0.0/8 (refused by the fence):\n{hits}", pytrace=False)
+
+
+def fenced_env(extra: dict | None = None) -> dict[str, str]:
+    """os.environ for a Python subprocess of a test: guard on and the network fence installed."""
+    env = {**os.environ, "SGLFLEET_LOOPBACK_ONLY": "1"}
+    if _fence_log is not None:
+        env["SGLFLEET_TEST_FENCE_LOG"] = str(_fence_log)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FENCE_SITE), os.environ.get("PYTHONPATH")) if p)
+    return {**env, **(extra or {})}
 
 
 def pytest_addoption(parser):
@@ -81,7 +139,7 @@ def conn(inventory):
 
 
 def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
-    full_env = {**os.environ, "SGLFLEET_LOOPBACK_ONLY": "1", **(env or {})}
+    """Run the real CLI in a subprocess, as a user would (fenced: see `fenced_env`)."""
+    full_env = fenced_env(env)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd or ROOT, timeout=300)

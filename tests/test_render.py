@@ -13,6 +13,8 @@ from orchestrator.spec.profile import load_profile
 from orchestrator.stages.render import RenderError, render
 from orchestrator.stages.smoke import diagnose
 
+from .conftest import ROOT
+
 OPTIONS_0523 = ["--model-path", "--served-model-name", "--host", "--port", "--tp-size", "--mem-fraction-static",
                 "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-dflash-block-size",
                 "--speculative-ddtree-budget", "--speculative-ddtree-topk-cap", "--speculative-ddtree-shadow-linear",
@@ -54,9 +56,29 @@ def test_seed_profile_renders_hybrid_companions_with_their_sources():
     assert sources["--mamba-full-memory-ratio"].startswith("hybrid rule (hybrid: auto; Qwen3_5ForConditionalGeneration")
 
 
-def test_dense_model_gets_no_hybrid_flags_and_hybrid_off_drops_them():
-    assert "--mamba-full-memory-ratio" not in render(host(), load_profile("qwen3-8b-dflash"),
-                                                     facts(model=DENSE_MODEL)).argv
+# Every flag the hybrid rule can add, under either name of the renamed strategy flag.
+HYBRID_FLAG_NAMES = {"--mamba-radix-cache-strategy", "--mamba-scheduler-strategy", "--mamba-full-memory-ratio",
+                     "--speculative-ddtree-allow-hybrid-unsafe"}
+
+
+def hybrid_flags_in(rendered):
+    return [f.name for f in rendered.flags if f.name in HYBRID_FLAG_NAMES]
+
+
+def test_dense_model_gets_no_hybrid_flags_and_hybrid_off_drops_them(tmp_path):
+    assert hybrid_flags_in(render(host(), load_profile("qwen3-8b-dflash"), facts(model=DENSE_MODEL))) == []
+    # The DDTree profile on a dense target: auto adds nothing either.
+    assert hybrid_flags_in(render(host(), load_profile("qwen36-ddtree"), facts(model=DENSE_MODEL))) == []
+    # The same hybrid model and profile: auto gives all three companions, off drops every one.
+    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{ROOT}/")
+    assert "hybrid: auto" in text
+    off = tmp_path / "off.yaml"
+    off.write_text(text.replace("hybrid: auto", "hybrid: off"))
+    assert hybrid_flags_in(render(host(), load_profile("qwen36-ddtree"), facts())) == [
+        "--mamba-radix-cache-strategy", "--mamba-full-memory-ratio", "--speculative-ddtree-allow-hybrid-unsafe"]
+    rendered_off = render(host(), load_profile(str(off)), facts())
+    assert hybrid_flags_in(rendered_off) == []
+    assert "--speculative-ddtree-budget" in rendered_off.argv  # only the hybrid flags went
 
 
 def test_hybrid_off_is_the_word_not_a_yaml_boolean(tmp_path):
@@ -66,13 +88,28 @@ def test_hybrid_off_is_the_word_not_a_yaml_boolean(tmp_path):
         hybrid: off
     """)
     assert load_profile(path).model.hybrid == "off"
-    assert "--mamba-full-memory-ratio" not in render(host(), load_profile(path), facts()).argv
+    assert hybrid_flags_in(render(host(), load_profile(path), facts())) == []
 
 
 def test_older_sglang_gets_the_old_strategy_flag_name():
     old = [o for o in OPTIONS_0523 if o != "--mamba-radix-cache-strategy"] + ["--mamba-scheduler-strategy"]
     argv = render(host(), load_profile("qwen36-ddtree"), facts(options=old, version="0.5.2")).argv
     assert argv[argv.index("--mamba-scheduler-strategy") + 1] == "extra_buffer"
+    assert "--mamba-radix-cache-strategy" not in argv
+
+
+@pytest.mark.parametrize("order", ["new name listed first", "old name listed first"])
+def test_sglang_accepting_both_strategy_names_gets_the_new_one_once(order):
+    """A transition release accepts the old spelling as an alias: render the current name, and only it."""
+    both = [o for o in OPTIONS_0523 if o != "--mamba-radix-cache-strategy"]
+    names = ["--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"]
+    both += names if order.startswith("new") else names[::-1]
+    rendered = render(host(), load_profile("qwen36-ddtree"), facts(options=both, version="0.5.20"))
+    argv = rendered.argv
+    assert argv[argv.index("--mamba-radix-cache-strategy") + 1] == "extra_buffer"
+    assert "--mamba-scheduler-strategy" not in argv
+    assert hybrid_flags_in(rendered) == ["--mamba-radix-cache-strategy", "--mamba-full-memory-ratio",
+                                         "--speculative-ddtree-allow-hybrid-unsafe"]
 
 
 def test_renamed_flag_is_a_render_error_that_explains_the_rename(tmp_path):

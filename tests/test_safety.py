@@ -15,39 +15,55 @@ from orchestrator.fleet.transport import Connection
 from .conftest import ROOT, sglfleet
 
 
-class NoSockets:
-    """Records every socket creation; the guard must create none."""
+class BlockedByTest(Exception):
+    """What the fake network raises. Not an OSError, so no retry loop takes it for a flaky link."""
+
+
+class NoNetwork:
+    """A blocking fake of the socket module's ways out: each attempt is recorded and raises, and
+    none reaches the real network, so a broken guard fails the test without a packet sent. (Under
+    `make test` the network jail and the suite's fence would stop it too; this test does not rely on them.)"""
+
+    ENTRY_POINTS = ("socket", "create_connection", "getaddrinfo", "socketpair", "fromfd")
 
     def __init__(self, monkeypatch):
-        self.created = []
-        real = socket.socket
+        self.attempts: list[tuple[str, tuple]] = []
+        for name in self.ENTRY_POINTS:
+            monkeypatch.setattr(socket, name, self._refuse(name))
 
-        def tracking(*args, **kwargs):
-            self.created.append(args)
-            return real(*args, **kwargs)
+    def _refuse(self, name):
+        def blocked(*args, **kwargs):
+            self.attempts.append((name, args))
+            raise BlockedByTest(f"socket.{name}{args} called: the guard let a connection through")
+        return blocked
 
-        monkeypatch.setattr(socket, "socket", tracking)
-        monkeypatch.setattr(socket, "create_connection",
-                            lambda *a, **k: self.created.append(a) or (_ for _ in ()).throw(AssertionError))
+
+def test_the_fake_blocks_and_records(monkeypatch):
+    net = NoNetwork(monkeypatch)
+    with pytest.raises(BlockedByTest):
+        socket.create_connection(("10.1.230.172", 22))
+    with pytest.raises(BlockedByTest):
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    assert [name for name, _ in net.attempts] == ["create_connection", "socket"]
 
 
 @pytest.mark.parametrize("address", ["10.1.230.172", "192.168.1.5", "8.8.8.8", "::1", "ct129.example.com"])
 def test_non_loopback_target_refused_without_a_socket(monkeypatch, tmp_path, address):
     monkeypatch.setenv("SGLFLEET_LOOPBACK_ONLY", "1")
-    sockets = NoSockets(monkeypatch)
+    net = NoNetwork(monkeypatch)
     conn = Connection(Host(name="ct129", address=address), KnownHosts(tmp_path / "kh"))
     with pytest.raises(LoopbackOnlyError, match="No connection was attempted"):
         conn.run("true")
-    assert sockets.created == []
+    assert net.attempts == []
 
 
 def test_jump_host_is_checked_too(monkeypatch, tmp_path):
     monkeypatch.setenv("SGLFLEET_LOOPBACK_ONLY", "1")
-    sockets = NoSockets(monkeypatch)
+    net = NoNetwork(monkeypatch)
     host = Host(name="ct129", address="127.0.1.1", proxy_jump="root@10.0.0.1")
     with pytest.raises(LoopbackOnlyError, match="jump host"):
         Connection(host, KnownHosts(tmp_path / "kh")).run("true")
-    assert sockets.created == []
+    assert net.attempts == []
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "127.0.1.77", "localhost"])
@@ -62,6 +78,8 @@ def test_guard_is_off_without_the_variable(monkeypatch):
 
 
 def test_cli_refuses_production_inventory_under_loopback_only():
+    # sglfleet() runs the CLI with the suite's network fence installed (a refused connect fails
+    # this test through conftest's fence log), and `make test` runs it all in the network jail.
     proc = sglfleet("facts", "ct129", "-i", str(ROOT / "inventory" / "production.example.yaml"), "--json")
     assert proc.returncode == 1
     assert "10.1.230.172" in proc.stdout and "No connection was attempted" in proc.stdout
