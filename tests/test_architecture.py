@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from .conftest import ROOT, sglfleet
 
 PACKAGE = ROOT / "orchestrator"
 # Who may import whom: a module imports only modules of its own rank or lower.
-RANKS = {"errors": 0, "remote": 1, "spec": 2, "fleet": 2, "stages": 3, "lab": 3, "cli": 4}
+RANKS = {"errors": 0, "data": 0, "remote": 1, "spec": 2, "fleet": 2, "stages": 3, "lab": 3, "cli": 4}
 
 
 def local() -> LocalConnection:
@@ -229,3 +230,46 @@ def test_the_old_deploy_section_names_its_new_name(tmp_path):
 def test_render_refuses_an_unknown_what():
     proc = sglfleet("render", "ct129", "qwen36-ddtree", "--what", "bogus", "-i", "/nonexistent.yaml")
     assert proc.returncode == 2 and "--what must be one of command, env, unit, launch-script" in proc.stderr
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_the_built_wheel_works_outside_the_checkout(lab, tmp_path):
+    """Build the wheel from a copy of the tracked sources, install it into a fresh venv, and run
+    `sglfleet push` and `render` from a directory that has no playbooks/ or patches/ of its own."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    src = tmp_path / "src"
+    tracked = subprocess.run(["git", "ls-files", "pyproject.toml", "setup.py", "README.md", "orchestrator",
+                              "templates", "playbooks", "patches", "kernels"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for name in tracked:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, src / name)
+    wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
+                    src], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "-q", "--no-deps",
+                    "--no-index", *wheels.glob("sglfleet-*.whl")], check=True, capture_output=True)
+    # The dependencies come from this venv's site-packages as a plain path: its editable finder
+    # for the checkout (a .pth hook) is not run for a path added this way.
+    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "sglfleet-test-deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SGLFLEET_PLAYBOOKS")}
+    where = subprocess.run([venv / "bin" / "python", "-c", "import orchestrator; print(orchestrator.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(venv)), where
+    push = subprocess.run([venv / "bin" / "sglfleet", "push", "ct129", "qwen36-ddtree", "-i", lab.inventory_path],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert push.returncode == 0, push.stdout + push.stderr
+    for what, expected in (("command", "--speculative-algorithm DDTREE"), ("unit", "ExecStart=")):
+        proc = subprocess.run([venv / "bin" / "sglfleet", "render", "ct129", "qwen36-ddtree", "--what", what,
+                               "-i", lab.inventory_path], cwd=elsewhere, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert expected in " ".join(proc.stdout.split())

@@ -25,14 +25,34 @@ def known_hosts_name(address: str, port: int) -> str:
 
 
 class KnownHosts:
+    """One known_hosts file, parsed once per change of the file (not once per host: paramiko's
+    HostKeys.load checks every line against every earlier one, so loading the whole file for
+    each of N hosts costs N^3 name comparisons — most of the controller's CPU at 128 hosts)."""
+
     def __init__(self, path: str | os.PathLike):
         self.path = str(path)
+        self._parsed: tuple[tuple[int, int] | None, HostKeys] | None = None
+        self._lock = threading.Lock()
 
     def load(self) -> HostKeys:
-        keys = HostKeys()
-        if os.path.exists(self.path):
-            keys.load(self.path)
-        return keys
+        """The file's keys (a shared object: do not modify it)."""
+        try:
+            stat = os.stat(self.path)
+            version: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        except FileNotFoundError:
+            version = None
+        with self._lock:
+            if self._parsed is None or self._parsed[0] != version:
+                keys = HostKeys()
+                if version is not None:
+                    keys.load(self.path)
+                self._parsed = (version, keys)
+            return self._parsed[1]
+
+    def keys_for(self, name: str) -> dict[str, paramiko.PKey]:
+        """Key type -> key recorded for `name` (as `known_hosts_name` spells it), hashed entries included."""
+        found = self.load().lookup(name)
+        return dict(found) if found else {}
 
     def line_of(self, name: str) -> int | None:
         """1-based line of the first entry for `name` (hashed entries included)."""

@@ -22,7 +22,7 @@ import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import ConnectError, HostKeyError, LoopbackOnlyError
-from .hostkeys import KnownHosts, changed_key_error, make_policy
+from .hostkeys import KnownHosts, changed_key_error, known_hosts_name, make_policy
 from .inventory import Host
 from .safety import check_target
 
@@ -127,8 +127,10 @@ class Connection:
                                  gateway=gateway or False, connect_timeout=int(host.connect_timeout),
                                  connect_kwargs=connect_kwargs)
         client = paramiko.SSHClient()
-        if Path(self.known_hosts.path).exists():
-            client.load_host_keys(self.known_hosts.path)
+        # Only this host's recorded keys: paramiko checks the server's key against these.
+        name = known_hosts_name(host.address, host.port)
+        for key_type, key in self.known_hosts.keys_for(name).items():
+            client.get_host_keys().add(name, key_type, key)
         client.set_missing_host_key_policy(make_policy(self.policy_name, self.known_hosts))
         conn.client = client
         return conn

@@ -13,11 +13,11 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from .artifacts import Extension, load_extension
+from ..data import data_dir
 from ..errors import ConfigError
 from .patchset import Patchset, load_patchset
 from .yamlsrc import SourceMap, load_model
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 class ExtensionRef(BaseModel):
@@ -128,7 +128,7 @@ def find_profile(name_or_path: str) -> Path:
             raise ConfigError(f"profile file {name_or_path} does not exist")
         return candidate
     dirs = [Path(d) for d in os.environ.get("SGLFLEET_PLAYBOOKS", "").split(os.pathsep) if d]
-    dirs += [Path("playbooks"), PROJECT_ROOT / "playbooks"]
+    dirs += [Path("playbooks"), data_dir("playbooks")]
     for d in dirs:
         for suffix in (".yaml", ".yml"):
             if (d / f"{name_or_path}{suffix}").is_file():

@@ -10,17 +10,17 @@ from __future__ import annotations
 import difflib
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from ..data import data_dir
 from ..errors import SglfleetError
 from ..fleet.inventory import Host
 from ..spec.profile import Profile, with_overrides
 from ..fleet.remote_call import call
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+TEMPLATES = data_dir("templates")
 
 # Flags SGLang renamed: old spelling -> (new spelling, what changed).
 RENAMED = {
