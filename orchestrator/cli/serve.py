@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..fleet.group import TaskOutcome
 from ..fleet.inventory import Host
 from ..fleet.local import LocalConnection
-from ..remote.hostlib import ENV_FILE, LAUNCH_SCRIPT
+from ..remote.hostlib import server_paths
 from ..spec.profile import load_profile
 from ..stages.render import render, server_facts
 from ..stages.smoke import run_dir, simulate_for, smoke_host, store
@@ -41,13 +41,14 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
     if as_json:
         output.print_json(rendered.to_json())
         return
+    paths = server_paths(rendered.profile)
     if what == "env":
         sys.stdout.write(rendered.template("sglang.env.j2"))
     elif what == "unit":
-        sys.stdout.write(rendered.template("sglang-server.service.j2", launch_script=LAUNCH_SCRIPT,
+        sys.stdout.write(rendered.template("sglang-server.service.j2", launch_script=paths["launch_script"],
                                            stop_timeout_s=120))
     elif what == "launch-script":
-        sys.stdout.write(rendered.template("launch.sh.j2", env_file=ENV_FILE))
+        sys.stdout.write(rendered.template("launch.sh.j2", env_file=paths["env_file"]))
     else:
         output.stdout.print(shlex.join(rendered.command), highlight=False, soft_wrap=True)
         table = output.Table(title=f"{rendered.host}: {len(rendered.flags)} flags for SGLang "

@@ -31,8 +31,7 @@ CURRENT_FILE = "current"
 RELEASES_DIR = "releases"
 ROLLBACKS_DIR = "rollbacks"
 CACHE_DIR = "cache"
-LAUNCH_SCRIPT = STATE_DIR + "/launch.sh"
-ENV_FILE = STATE_DIR + "/sglang.env"
+LOG_DIR = "/var/log/sglfleet"
 
 EXIT_FAILED = 1
 EXIT_LOCKED = 3
@@ -57,6 +56,18 @@ class Failure(Exception):
 def log(message):
     sys.stderr.write("sglfleet-remote: %s\n" % message)
     sys.stderr.flush()
+
+
+def server_paths(profile):
+    """Where the server of one profile lives on a host: its launch script and env file, the
+    detached supervisor's pidfile, the deployment record, its log (journald on systemd hosts:
+    the unit's), and its systemd unit. `profile` is a profile name (a safe slug, checked when the
+    profile is loaded)."""
+    base = "%s/servers/%s" % (STATE_DIR, profile)
+    unit = "sglfleet-%s.service" % profile
+    return {"dir": base, "launch_script": base + "/launch.sh", "env_file": base + "/sglang.env",
+            "pidfile": base + "/server.pid", "record": base + "/deployment.json",
+            "log": "%s/%s.log" % (LOG_DIR, profile), "unit": unit, "unit_file": "/etc/systemd/system/" + unit}
 
 
 # ---------------------------------------------------------------- files
