@@ -84,6 +84,116 @@ template <> struct KeyTraits<__half> {
   __device__ static __half from_float(float v) { return __float2half_rn(v); }
 };
 
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- the logsumexp in one fixed order, whatever the path, grid, chunking or batch
+//
+// Every top-K path sums exp in its own layout (a fused CTA's chunk in registers, a streaming
+// thread's vectors across the row, a staged chunk in shared memory), and fp32 sums in different
+// orders differ in the last bits: a request's log-probs (and, at near-ties, its tree) would
+// depend on the path `auto` takes, i.e. on the batch it is in. So the sum has one definition:
+//   * the row is cut into segments of 32 16-byte vectors (element e is in vector e / kVec,
+//     segment e / (32 kVec), lane (e / kVec) % 32 of it; elements past the row are -inf);
+//   * a segment's partial (m_j, s_j): m_j its max (order-free: a max of keys); each lane sums
+//     ex2(x * log2e - m_j * log2e) over its vector's elements in index order, then the 32 lane
+//     sums are added by an xor butterfly (offsets 16, 8, 4, 2, 1; every lane gets the same sum);
+//   * the row: m = max_j m_j; lane l adds s_j * ex2((m_j - m) * log2e) over j = l, l + 32, ...
+//     in increasing j, then the same butterfly; lse = m + log(sum).
+// A path only has to hand one warp each segment with the lanes in that order: every top-K
+// kernel's chunk starts at a multiple of 256 elements (a whole number of segments for every
+// dtype), and a warp's 32 consecutive vectors are a segment in each of them.
+template <typename T>
+__host__ __device__ constexpr int seg_elems() { return 32 * (16 / int(sizeof(T))); }
+__host__ __device__ inline int64_t seg_count(int64_t vocab, int elem_bytes) {
+  const int64_t per = 32 * (16 / elem_bytes);
+  return (vocab + per - 1) / per;
+}
+constexpr int kSegAlign = 256;  // chunk starts: a multiple of every dtype's segment
+
+// Element j (a compile-time index after unrolling) of a 16-byte vector, as float.
+template <typename T>
+__device__ __forceinline__ float vec_elem(const uint4& r, int j) {
+  if constexpr (sizeof(T) == 4) {
+    const uint32_t w = j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
+    return __uint_as_float(w);
+  } else {
+    const int q = j >> 1;
+    const uint32_t w = q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w;
+    const uint32_t h = (j & 1) ? (w >> 16) : (w & 0xFFFFu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(h << 16);  // exact
+    else return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
+// Elements [first, first + 16 / sizeof(T)) of x, those below len; the rest -inf, which adds
+// nothing to the max or the sum of exp (the candidate pass checks positions when tau is -inf).
+template <typename T>
+__device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
+  constexpr int kVec = 16 / sizeof(T);
+  constexpr uint32_t kNegInf = sizeof(T) == 4 ? 0xFF800000u
+                               : std::is_same_v<T, __nv_bfloat16> ? 0xFF80FF80u : 0xFC00FC00u;
+  uint32_t w[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (first + j < len) {
+      if constexpr (sizeof(T) == 4) {
+        w[j] = reinterpret_cast<const uint32_t*>(x)[first + j];
+      } else {
+        const int shift = 16 * (j % 2);
+        const uint32_t bits = reinterpret_cast<const uint16_t*>(x)[first + j];
+        w[j / 2] = (w[j / 2] & ~(0xFFFFu << shift)) | (bits << shift);
+      }
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// One segment's partial from its warp: raw is this lane's vector (-inf past the row). Every
+// lane of the warp calls it and gets the same (m_j, s_j).
+template <typename T>
+__device__ __forceinline__ float2 segment_partial(const uint4& raw) {
+  constexpr int kVec = 16 / sizeof(T);
+  float vm = vec_elem<T>(raw, 0);
+#pragma unroll
+  for (int j = 1; j < kVec; ++j) vm = fmaxf(vm, vec_elem<T>(raw, j));
+  // Through keys: -0 and +0 give +0, so the max is one value whatever the order.
+  const float m = KeyTraits<float>::value(__reduce_max_sync(kFull, KeyTraits<float>::key(vm)));
+  if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
+  const float shift = __fmul_rn(m, kLog2e);
+  float p = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) p = __fadd_rn(p, ex2_approx(__fmaf_rn(vec_elem<T>(raw, j), kLog2e, -shift)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) p = __fadd_rn(p, __shfl_xor_sync(kFull, p, off));
+  return make_float2(m, p);
+}
+
+// The row's logsumexp from its n segment partials, load(j) -> float2. One full warp calls it;
+// every lane gets the result.
+template <typename Load>
+__device__ float segment_lse(int n, Load load) {
+  const int lane = threadIdx.x & 31;
+  uint32_t mk = KeyTraits<float>::key(-INFINITY);
+  for (int j = lane; j < n; j += 32) mk = max(mk, KeyTraits<float>::key(load(j).x));
+  const float m = KeyTraits<float>::value(__reduce_max_sync(kFull, mk));
+  if (m == -INFINITY) return m;
+  float t = 0.f;
+  for (int j = lane; j < n; j += 32) {
+    const float2 st = load(j);
+    if (st.x != -INFINITY) t = __fadd_rn(t, __fmul_rn(st.y, ex2_approx(__fmul_rn(__fsub_rn(st.x, m), kLog2e))));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) t = __fadd_rn(t, __shfl_xor_sync(kFull, t, off));
+  return __fadd_rn(m, logf(t));
+}
+
 __device__ __forceinline__ unsigned long long composite(uint32_t key, int64_t index) {
   return (uint64_t(~key) << 32) | uint64_t(index);  // ascending = key desc, then index asc
 }
@@ -325,7 +435,7 @@ template <typename T>
 __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(const T* __restrict__ logits, int64_t vocab,
                                                                   int chunk, int splits, int k,
                                                                   unsigned long long* __restrict__ ws_cand,
-                                                                  float2* __restrict__ ws_stats) {
+                                                                  float2* __restrict__ ws_seg, int n_seg) {
   using Traits = KeyTraits<T>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
@@ -392,19 +502,26 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
                            ? radix_kth<Traits::kBits>(sh, hist, blockDim.x, kk, [&](int i) { return sh.tmax[i]; })
                            : 0u;
   __syncthreads();  // the histogram (in cand) is no longer read
-  // 4. One pass for the sum of exp and the candidates (value >= tau). Every element whose key is
-  // >= tau has a value >= value(tau), so the candidates include all of them (a -0 equal to +0 may
-  // join: harmless, ranks use the exact keys).
+  // 4. The chunk's segment partials of the logsumexp (one fixed order, above): a warp per
+  // segment, lane l on its vector l, from the staged chunk (elements past it -inf).
+  {
+    float2* seg_out = ws_seg + row * n_seg + start / seg_elems<T>();
+    for (int j = warp; j * seg_elems<T>() < len; j += nwarps) {
+      const float2 part = segment_partial<T>(load_partial(xs, (j * 32 + lane) * kVec, len));
+      if (lane == 0) seg_out[j] = part;
+    }
+  }
+  (void)m;
+  // 5. The candidates (value >= tau). Every element whose key is >= tau has a value >=
+  // value(tau), so the candidates include all of them (a -0 equal to +0 may join: harmless,
+  // ranks use the exact keys).
   const float tau_f = tau ? Traits::value(tau) : -INFINITY;
-  const bool finite = m != -INFINITY;
-  float s = 0.f;
   for (int i = tid; i < nvec; i += blockDim.x) {
     const uint4 raw = sv[i];
     const T* vals = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const float f = Traits::to_float(vals[j]);
-      if (finite) s += __expf(f - m);
       if (f >= tau_f) {
         const int slot = atomicAdd(&sh.count, 1);
         if (slot < kCandCap) sh.cand[slot] = composite(Traits::key(vals[j]), start + int64_t(i) * kVec + j);
@@ -413,21 +530,12 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
   }
   for (int i = nvec * kVec + tid; i < len; i += blockDim.x) {
     const float f = Traits::to_float(xs[i]);
-    if (finite) s += __expf(f - m);
     if (f >= tau_f) {
       const int slot = atomicAdd(&sh.count, 1);
       if (slot < kCandCap) sh.cand[slot] = composite(Traits::key(xs[i]), start + i);
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-  if (lane == 0) sh.red[warp] = s;
   __syncthreads();
-  if (tid == 0) {
-    float total = 0.f;
-    for (int w = 0; w < nwarps; ++w) total += sh.red[w];
-    ws_stats[row * splits + split] = make_float2(m, total);
-  }
   const int count = sh.count;
   unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
   if (count <= kCandCap) {
@@ -502,43 +610,17 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
   }
 }
 
-// logsumexp from n partials (max, sum of exp relative to it): `first` is partial `lane` (the
-// caller's load, so one that reads more with it needs one round trip), stat(j) -> float2 the
-// others past 32; one full warp calls it and every lane gets the result.
-template <typename StatAt>
-__device__ float warp_lse(int n, float2 first, StatAt stat) {
-  const int lane = threadIdx.x & 31;
-  if (lane >= n) first = make_float2(-INFINITY, 0.f);
-  float m = first.x;
-  for (int j = lane + 32; j < n; j += 32) m = fmaxf(m, stat(j).x);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  float total = 0.f;
-  if (m != -INFINITY) {
-    if (first.x != -INFINITY) total += first.y * __expf(first.x - m);
-    for (int j = lane + 32; j < n; j += 32) {
-      const float2 st = stat(j);
-      if (st.x != -INFINITY) total += st.y * __expf(st.x - m);
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
-  return m == -INFINITY ? m : m + logf(total);
-}
-
 // The chunk lists of a row from global memory (`in`, `stats`: this row's; loads through L2 with
 // __ldcg, since in the fused kernel other CTAs wrote them during this launch) -> its top-K.
 // buf holds splits * k + kMergeCap entries. All threads call it.
 template <typename Decode>
-__device__ void merge_row(const unsigned long long* in, const float2* stats, int splits, int k,
+__device__ void merge_row(const unsigned long long* in, const float2* segs, int n_seg, int splits, int k,
                           unsigned long long* buf, float& lse_s, Decode decode, int64_t* out_ids, float* out_lp,
                           float* out_lse) {
   const int n = splits * k;
   for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = __ldcg(in + i);
   if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const float2 first = lane < splits ? __ldcg(stats + lane) : make_float2(-INFINITY, 0.f);
-    const float lse = warp_lse(splits, first, [&](int j) { return __ldcg(stats + j); });
+    const float lse = segment_lse(n_seg, [&](int j) { return __ldcg(segs + j); });
     if (threadIdx.x == 0) lse_s = lse;
   }
   __syncthreads();
@@ -548,8 +630,8 @@ __device__ void merge_row(const unsigned long long* in, const float2* stats, int
 
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned long long* __restrict__ ws_cand,
-                                                                  const float2* __restrict__ ws_stats, int splits,
-                                                                  int k, int64_t* __restrict__ out_ids,
+                                                                  const float2* __restrict__ ws_seg, int n_seg,
+                                                                  int splits, int k, int64_t* __restrict__ out_ids,
                                                                   float* __restrict__ out_lp,
                                                                   float* __restrict__ out_lse) {
   using Traits = KeyTraits<T>;
@@ -557,7 +639,7 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned
   __shared__ float lse_s;
   const int64_t row = blockIdx.x;
   const uint32_t mask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
-  merge_row(ws_cand + row * int64_t(splits) * k, ws_stats + row * splits, splits, k, merge_buf, lse_s,
+  merge_row(ws_cand + row * int64_t(splits) * k, ws_seg + row * n_seg, n_seg, splits, k, merge_buf, lse_s,
             [&](unsigned long long c) { return Traits::value(~uint32_t(c >> 32) & mask); }, out_ids + row * k,
             out_lp + row * k, out_lse + row);
 }
@@ -576,8 +658,8 @@ inline TopkPlan topk_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, in
   const int max_splits = kMergeMax / k;
   if (splits > max_splits) splits = max_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
-  chunk = (chunk + 15) / 16 * 16;  // keep 16-byte alignment of every chunk start
   if (chunk < k) chunk = k;
+  chunk = (chunk + kSegAlign - 1) / kSegAlign * kSegAlign;  // whole segments: 16-byte aligned starts
   splits = int((vocab + chunk - 1) / chunk);
   return TopkPlan{splits, int(chunk)};
 }
@@ -605,12 +687,12 @@ cudaError_t allow_smem_once() {
 // streaming kernel): one CTA per row.
 template <typename T>
 int launch_topk_merge(const TopkPlan& plan, int64_t rows, int k, const unsigned long long* ws_cand,
-                      const float2* ws_stats, int64_t* ids, float* lp, float* lse, cudaStream_t stream) {
+                      const float2* ws_seg, int n_seg, int64_t* ids, float* lp, float* lse, cudaStream_t stream) {
   const size_t merge_smem = (size_t(plan.splits) * k + kMergeCap) * sizeof(unsigned long long);
   const cudaError_t err = allow_smem_once<topk_merge_kernel<T>>();
   if (err != cudaSuccess) return err;
-  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_stats, plan.splits, k,
-                                                                                   ids, lp, lse);
+  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_seg, n_seg,
+                                                                                   plan.splits, k, ids, lp, lse);
   return cudaGetLastError();
 }
 
@@ -620,15 +702,16 @@ int launch_topk(const void* logits, int64_t rows, int64_t vocab, int k, int64_t*
   const TopkPlan plan = topk_plan(rows, vocab, k, sizeof(T), sm_count());
   if (int64_t(plan.chunk) * sizeof(T) > kChunkBytes + 1024) return cudaErrorInvalidValue;  // over the plan's limit
   auto* ws_cand = static_cast<unsigned long long*>(workspace);
-  auto* ws_stats = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  auto* ws_seg = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  const int n_seg = int(seg_count(vocab, sizeof(T)));
   const size_t smem = (sizeof(ChunkShared) + 15) / 16 * 16 + size_t(plan.chunk) * sizeof(T);
   cudaError_t err = allow_smem_once<topk_chunk_kernel<T>>();
   if (err != cudaSuccess) return err;
   topk_chunk_kernel<T><<<dim3(unsigned(plan.splits), unsigned(rows)), kTopkThreads, smem, stream>>>(
-      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
+      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_seg, n_seg);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_topk_merge<T>(plan, rows, k, ws_cand, ws_stats, ids, lp, lse, stream);
+  return launch_topk_merge<T>(plan, rows, k, ws_cand, ws_seg, n_seg, ids, lp, lse, stream);
 }
 
 // ------------------------------------------------------------------ best-first tree build
@@ -804,62 +887,17 @@ constexpr int kDraftThreads = kTopkThreads;  // shares ChunkShared and the ranki
 constexpr int kDraftWarps = kDraftThreads / 32;
 constexpr int kDraftVecs = 4;  // 16-byte vectors per thread: chunks up to 32 KB (6 spilled at 64 registers)
 constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
-constexpr unsigned kFull = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Element j (a compile-time index after unrolling) of a 16-byte vector, as float.
-template <typename T>
-__device__ __forceinline__ float vec_elem(const uint4& r, int j) {
-  if constexpr (sizeof(T) == 4) {
-    const uint32_t w = j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w;
-    return __uint_as_float(w);
-  } else {
-    const int q = j >> 1;
-    const uint32_t w = q == 0 ? r.x : q == 1 ? r.y : q == 2 ? r.z : r.w;
-    const uint32_t h = (j & 1) ? (w >> 16) : (w & 0xFFFFu);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(h << 16);  // exact
-    else return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-  }
-}
-
-// Elements [first, first + 16 / sizeof(T)) of x, those below len; the rest -inf, which adds
-// nothing to the max or the sum of exp (the candidate pass checks positions when tau is -inf).
-template <typename T>
-__device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
-  constexpr int kVec = 16 / sizeof(T);
-  constexpr uint32_t kNegInf = sizeof(T) == 4 ? 0xFF800000u
-                               : std::is_same_v<T, __nv_bfloat16> ? 0xFF80FF80u : 0xFC00FC00u;
-  uint32_t w[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    if (first + j < len) {
-      if constexpr (sizeof(T) == 4) {
-        w[j] = reinterpret_cast<const uint32_t*>(x)[first + j];
-      } else {
-        const int shift = 16 * (j % 2);
-        const uint32_t bits = reinterpret_cast<const uint16_t*>(x)[first + j];
-        w[j / 2] = (w[j / 2] & ~(0xFFFFu << shift)) | (bits << shift);
-      }
-    }
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// One chunk into registers (4 x 16-byte loads per thread, all in flight at once), each vector's
-// max, and each thread's max and sum of exp relative to it (out-of-chunk elements count as -inf;
-// no barrier). Vectors wholly past the chunk are skipped, not computed as -inf: at bs=1 a thread
-// holds 2-3 of its 4 (Nsight counted the chunk CTAs issue-bound, ~1100 instructions a warp).
+// One chunk into registers (Vecs x 16-byte loads per thread, all in flight at once), each
+// vector's max, each thread's max, and the chunk's segment partials (seg[v]: the segment of
+// vector v of this warp, the same in every lane; -inf past the chunk). The chunk starts at a
+// multiple of kSegAlign elements. Vectors wholly past the chunk are not loaded (at bs=1 a thread
+// holds 2-3 of its 4: Nsight counted the chunk CTAs issue-bound, ~1100 instructions a warp).
 template <typename T, int Vecs>
 __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[Vecs],
-                                           float (&vmax)[Vecs], float& tmax, float& tsum) {
+                                           float (&vmax)[Vecs], float& tmax, float2 (&seg)[Vecs]) {
   constexpr int kVec = 16 / sizeof(T);
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
 #pragma unroll
   for (int v = 0; v < Vecs; ++v) {
@@ -877,16 +915,11 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
     }
     tmax = fmaxf(tmax, vmax[v]);
   }
-  tsum = 0.f;
-  if (tmax != -INFINITY) {
-    const float shift = tmax * kLog2e;
 #pragma unroll
-    for (int v = 0; v < Vecs; ++v) {
-      if ((v * kDraftThreads + tid) * kVec < len) {
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) tsum += ex2_approx(fmaf(vec_elem<T>(raw[v], j), kLog2e, -shift));
-      }
-    }
+  for (int v = 0; v < Vecs; ++v) {
+    // Uniform over the warp: does its segment hold any element of the chunk?
+    if ((v * kDraftThreads + warp * 32) * kVec < len) seg[v] = segment_partial<T>(raw[v]);
+    else seg[v] = make_float2(-INFINITY, 0.f);
   }
 }
 
@@ -1023,8 +1056,9 @@ __device__ __forceinline__ void append_candidates(const uint4 (&raw)[Vecs], cons
   }
 }
 
-// One chunk of a row in the fused launch's counter variant: its (max, sum of exp, candidate
-// count) into *record and its candidates, unranked, into cand[slot * cand_stride] (slot < cap).
+// One chunk of a row in the fused launch's counter variant: its (max, candidate count) into
+// *record, its segment partials (the logsumexp's, above) into seg_out and its candidates,
+// unranked, into cand[slot * cand_stride] (slot < cap).
 // Candidates are the elements >= tau, tau being the
 // K-th largest key the row's CTAs published: every published key is a distinct element (a thread's
 // maximum), so at least K elements are >= tau and none below it can make the row's top K (equal
@@ -1039,16 +1073,21 @@ template <typename T>
 __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int k, int splits, int split,
                             RowBound rb, ChunkShared& sh, unsigned long long* row_keys,
                             unsigned long long* row_tau, unsigned long long* cand, int64_t cand_stride,
-                            float4* record, unsigned long long* tl) {
+                            float4* record, float2* seg_out, unsigned long long* tl) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const long long t0 = clock64();
   uint4 raw[kDraftVecs];
-  float vmax[kDraftVecs], tmax, tsum;
-  scan_chunk<T, kDraftVecs>(x, len, raw, vmax, tmax, tsum);
+  float vmax[kDraftVecs], tmax;
+  float2 seg[kDraftVecs];
+  scan_chunk<T, kDraftVecs>(x, len, raw, vmax, tmax, seg);
+  if (lane == 0) {
+#pragma unroll
+    for (int v = 0; v < kDraftVecs; ++v)
+      if ((v * kDraftThreads + warp * 32) * (16 / int(sizeof(T))) < len) seg_out[v * kDraftWarps + warp] = seg[v];
+  }
   long long t1 = clock64();
   mark(tl, kTlChunkScan, t1 - t0);
   uint32_t* warp_keys = sh.tmax;                       // [kDraftWarps * qw]
-  float* wsum_s = reinterpret_cast<float*>(sh.redk);  // [kDraftWarps]
   const float m = offer_keys(sh, tmax, rb.qw);
   const int n_pub = splits * rb.qc;
   uint32_t* row_keys_s = reinterpret_cast<uint32_t*>(sh.cand);  // [n_pub] (<= 4096: draft_layout)
@@ -1095,10 +1134,6 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
     }
     if (lane == 0) sh.role = role;
   }
-  float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
-  if (lane == 0) wsum_s[warp] = part;
   __syncthreads();
   long long t2 = clock64();
   mark(tl, kTlChunkBound, t2 - t1);
@@ -1110,11 +1145,7 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
   append_candidates<T, kDraftVecs>(raw, vmax, sh.prefix, len, start, &sh.count, cand, cand_stride, rb.cap);
   __syncthreads();
   mark(tl, kTlChunkCand, clock64() - t2);
-  if (tid == 0) {
-    float total = 0.f;
-    for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
-    *record = make_float4(m, total, __int_as_float(sh.count), 0.f);
-  }
+  if (tid == 0) *record = make_float4(m, 0.f, __int_as_float(sh.count), 0.f);  // the sum: seg_out
 }
 
 // ---- top-K for many rows: one streaming pass per (row, split)
@@ -1186,7 +1217,7 @@ __device__ __forceinline__ float warp_qth_largest(float v, int q) {
 template <typename T>
 __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
     topk_stream_kernel(const T* __restrict__ logits, int64_t vocab, int chunk, int splits, int k,
-                       unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_stats) {
+                       unsigned long long* __restrict__ ws_cand, float2* __restrict__ ws_seg, int n_seg) {
   using Traits = KeyTraits<T>;
   constexpr int kVec = 16 / sizeof(T);
   constexpr int kPerStep = kStreamVecs * kStreamThreads;
@@ -1235,18 +1266,19 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
 #pragma unroll
     for (int u = 0; u < kStreamVecs; ++u) raw[u] = ring[((i & (kStreamDepth - 1)) * kStreamVecs + u) * kStreamThreads];
   };
-  float m = -INFINITY, s = 0.f;  // running max; sum of exp relative to it
-  auto absorb = [&](const uint4& raw) {  // returns the vector's max
-    const float vm = vec_max<T>(raw);
-    if (vm > m) {  // rare once the stream is under way; s is 0 while m is -inf
-      s *= ex2_approx((m - vm) * kLog2e);
-      m = vm;
-    }
-    if (m != -INFINITY) {
-      const float shift = m * kLog2e;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) s += ex2_approx(fmaf(vec_elem<T>(raw, j), kLog2e, -shift));
-    }
+  float m = -INFINITY;  // running max (the bound's)
+  // Vector u of step i of every lane of this warp is one segment of the logsumexp (above): its
+  // partial, stored by lane 0; lanes past the item hold -inf. Uniform over the warp.
+  float2* seg_out = ws_seg + row * n_seg + start / seg_elems<T>();
+  auto absorb = [&](int i, int u, const uint4& raw) {  // returns the vector's max (-inf past the item)
+    const int v0 = (i * kStreamVecs + u) * kStreamThreads + warp * 32;  // the segment's first vector
+    if (v0 >= nvec) return -INFINITY;
+    const bool mine = v0 + lane < nvec;
+    const uint4 r = mine ? raw : load_partial(x, 0, 0);  // -inf everywhere
+    const float2 part = segment_partial<T>(r);
+    if (lane == 0) seg_out[v0 / 32] = part;
+    const float vm = mine ? vec_max<T>(raw) : -INFINITY;
+    m = fmaxf(m, vm);
     return vm;
   };
   // A vector holding an element >= tau is staged by its number; its elements are sorted out
@@ -1278,7 +1310,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   float vmax[kStreamVecs];
   if (steps > 0) next(0, raw);
 #pragma unroll
-  for (int u = 0; u < kStreamVecs; ++u) vmax[u] = u * kStreamThreads + tid < nvec ? absorb(raw[u]) : -INFINITY;
+  for (int u = 0; u < kStreamVecs; ++u) vmax[u] = absorb(0, u, raw[u]);
   publish();
   __syncthreads();
   float tau = current_tau();
@@ -1293,7 +1325,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
 #pragma unroll
     for (int u = 0; u < kStreamVecs; ++u) {
       const int v = (i * kStreamVecs + u) * kStreamThreads + tid;
-      if (v < nvec && absorb(raw[u]) >= tau) take(v);
+      if (absorb(i, u, raw[u]) >= tau && v < nvec) take(v);
     }
     if (i + 1 == refresh) {
       publish();
@@ -1303,24 +1335,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   publish();
-  // (max, sum of exp) of the item: warp, then CTA.
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float mo = __shfl_xor_sync(kFull, m, off), so = __shfl_xor_sync(kFull, s, off);
-    const float mm = fmaxf(m, mo);
-    s = mm == -INFINITY ? 0.f : s * ex2_approx((m - mm) * kLog2e) + so * ex2_approx((mo - mm) * kLog2e);
-    m = mm;
-  }
-  if (lane == 0) { sh.red[warp] = m; sh.redk[warp] = __float_as_uint(s); }
   __syncthreads();
   const float tau_final = current_tau();
-  if (tid == 0) {
-    float mm = -INFINITY, total = 0.f;
-    for (int w = 0; w < kStreamWarps; ++w) mm = fmaxf(mm, sh.red[w]);
-    if (mm != -INFINITY)
-      for (int w = 0; w < kStreamWarps; ++w) total += __uint_as_float(sh.redk[w]) * ex2_approx((sh.red[w] - mm) * kLog2e);
-    ws_stats[row * splits + split] = make_float2(mm, total);
-  }
   const int count = sh.count;
   unsigned long long* out = ws_cand + (row * splits + split) * int64_t(k);
   // Flat logits flood the buffers (the bound never rose, or ties at it): the exact path.
@@ -1933,7 +1949,8 @@ constexpr int kSpecSlots = 16;  // candidate slots of a chunk loaded before its 
 // threads call it.
 template <typename T>
 __device__ void draft_rank_rows(const T* __restrict__ logits, int64_t vocab, int64_t row0, int L, int splits,
-                                int k, RowBound rb, const float4* records, unsigned long long* cand, ChunkShared& sh,
+                                int k, RowBound rb, const float4* records, unsigned long long* cand,
+                                const float2* segs, int n_seg, ChunkShared& sh,
                                 const RankSmem& r, float* lp_s, int64_t* out_ids, float* out_lp, float* out_lse,
                                 unsigned long long* tl) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1975,10 +1992,11 @@ __device__ void draft_rank_rows(const T* __restrict__ logits, int64_t vocab, int
   __syncthreads();
   long long t1 = clock64();
   mark(tl, kTlStage, t1 - t0);
-  // A warp per row: its logsumexp; a row past the stage is redone exactly.
+  // A warp per row: its logsumexp (from the segment partials, the one order every path takes);
+  // a row past the stage is redone exactly.
   for (int w = warp; w < L; w += kDraftWarps) {
-    const float2* st = r.stat + w * splits;
-    const float lse = warp_lse(splits, lane < splits ? st[lane] : make_float2(-INFINITY, 0.f), [&](int j) { return st[j]; });
+    const float2* st = segs + (row0 + w) * int64_t(n_seg);
+    const float lse = segment_lse(n_seg, [&](int j) { return __ldcg(st + j); });
     if (lane == 0) {
       lse_s[w] = lse;
       out_lse[row0 + w] = lse;
@@ -2064,8 +2082,8 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
     draft_kernel(const T* __restrict__ logits, int64_t vocab, int L, int chunk, int splits, int k, int budget,
                  RowBound rb, unsigned long long* __restrict__ ws_tau, unsigned long long* __restrict__ ws_keys,
                  unsigned* __restrict__ req_done,
-                 float4* __restrict__ ws_records, unsigned long long* __restrict__ ws_cand, int stage_off,
-                 int stage_cap, int pairs_off,
+                 float4* __restrict__ ws_records, unsigned long long* __restrict__ ws_cand,
+                 float2* __restrict__ ws_seg, int n_seg, int stage_off, int stage_cap, int pairs_off,
                  int64_t* __restrict__ out_ids, float* __restrict__ out_lp, float* __restrict__ out_lse,
                  int32_t* __restrict__ num_nodes, int64_t* __restrict__ tokens, int32_t* __restrict__ depths,
                  int32_t* __restrict__ ranks, int32_t* __restrict__ parents, int32_t* __restrict__ first_child,
@@ -2083,7 +2101,8 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   // first kSpecSlots of every chunk are then contiguous.
   const int64_t b = row / L, pairs = int64_t(L) * splits, pair = (row - b * L) * splits + split;
   draft_chunk<T>(logits + row * vocab + start, len, start, k, splits, split, rb, sh, ws_keys + row * splits * rb.qc,
-                 ws_tau + row, ws_cand + b * rb.cap * pairs + pair, pairs, ws_records + b * pairs + pair, tl);
+                 ws_tau + row, ws_cand + b * rb.cap * pairs + pair, pairs, ws_records + b * pairs + pair,
+                 ws_seg + row * n_seg + start / seg_elems<T>(), tl);
   if (tl != nullptr) { mark(tl, kTlChunks, global_ns()); mark(tl, kTlFirstChunk, global_ns()); }
   // The request's last CTA goes on.
   __syncthreads();
@@ -2095,7 +2114,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   r.stage = reinterpret_cast<unsigned long long*>(extra + stage_off);
   r.stat = reinterpret_cast<float2*>(extra + pairs_off);
   r.stage_cap = stage_cap;
-  draft_rank_rows<T>(logits, vocab, b * L, L, splits, k, rb, ws_records, ws_cand, sh, r,
+  draft_rank_rows<T>(logits, vocab, b * L, L, splits, k, rb, ws_records, ws_cand, ws_seg, n_seg, sh, r,
                      budget > 0 ? s.lp : nullptr, out_ids, out_lp, out_lse, tl);
   if (tl != nullptr) mark(tl, kTlMerges, global_ns());
   if (budget == 0) return;  // top-K only
@@ -2119,8 +2138,8 @@ constexpr int kClusterMax = 8;  // the portable cluster size
 struct ClusterSmem {
   uint32_t pub[kDraftWarps * 4];       // this CTA's qc published keys
   uint32_t keys[kClusterMax * kDraftWarps * 4];  // the row's keys; the flooded path's list after
-  float2 stat;                         // this CTA's (max, sum of exp)
-  float2 stats[kClusterMax];           // the first CTA's copy of the row's
+  float2 seg[kClusterVecs * kDraftWarps];                  // this CTA's segment partials
+  float2 segs[kClusterMax * kClusterVecs * kDraftWarps];   // the first CTA's copy of the row's
 };
 static_assert(sizeof(ClusterSmem::keys) >= 256 * sizeof(unsigned long long), "the flooded path lists K <= 256");
 
@@ -2158,27 +2177,25 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   if (tl != nullptr) { mark(tl, kTlStart, global_ns()); mark(tl, kTlLastStart, global_ns()); }
   long long t0 = clock64();
   uint4 raw[kClusterVecs];
-  float vmax[kClusterVecs], tmax, tsum;
-  scan_chunk<T, kClusterVecs>(x + start, len, raw, vmax, tmax, tsum);
+  float vmax[kClusterVecs], tmax;
+  float2 seg[kClusterVecs];
+  scan_chunk<T, kClusterVecs>(x + start, len, raw, vmax, tmax, seg);
+  if (lane == 0) {
+#pragma unroll
+    for (int v = 0; v < kClusterVecs; ++v) cs.seg[v * kDraftWarps + warp] = seg[v];
+  }
   long long t1 = clock64();
   mark(tl, kTlChunkScan, t1 - t0);
-  const float m = offer_keys(sh, tmax, rb.qw);
+  offer_keys(sh, tmax, rb.qw);
   if (warp == 0) cta_keys(sh.tmax, rb, [&](int r, uint32_t key) { cs.pub[r] = key; });
-  float part = tsum > 0.f ? tsum * ex2_approx((tmax - m) * kLog2e) : 0.f;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kFull, part, off);
-  float* wsum_s = reinterpret_cast<float*>(sh.redk);
-  if (lane == 0) wsum_s[warp] = part;
-  __syncthreads();
-  if (tid == 0) {
-    float total = 0.f;
-    for (int w = 0; w < kDraftWarps; ++w) total += wsum_s[w];
-    cs.stat = make_float2(m, total);
-  }
-  cluster.sync();  // every CTA's keys and (max, sum) are out, and every CTA of the row is running
+  cluster.sync();  // every CTA's keys and segment partials are out, and every CTA of the row runs
   const int n_pub = splits * rb.qc;
   for (int i = tid; i < n_pub; i += blockDim.x) cs.keys[i] = cluster.map_shared_rank(cs.pub, i / rb.qc)[i % rb.qc];
-  if (rank == 0 && tid < splits) cs.stats[tid] = *cluster.map_shared_rank(&cs.stat, tid);
+  // The row's segment partials into the first CTA (its CTAs' chunks are whole segments, in order).
+  const int per_cta = chunk / seg_elems<T>();
+  const int n_seg = int(seg_count(vocab, sizeof(T)));
+  if (rank == 0)
+    for (int j = tid; j < n_seg; j += blockDim.x) cs.segs[j] = cluster.map_shared_rank(cs.seg, j / per_cta)[j % per_cta];
   __syncthreads();
   select_kth_key(sh, cs.keys, n_pub, k);
   __syncthreads();
@@ -2196,8 +2213,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   unsigned long long mine = 0;
   int mine_rank = kCandCap;  // no candidate: past every rank emit writes (K <= 256)
   if (warp == 0) {
-    const float lse = warp_lse(splits, lane < splits ? cs.stats[lane] : make_float2(-INFINITY, 0.f),
-                               [&](int j) { return cs.stats[j]; });
+    const float lse = segment_lse(n_seg, [&](int j) { return cs.segs[j]; });
     if (lane == 0) { sh.red[0] = lse; out_lse[row] = lse; }
   } else if (overlap && tid - 32 < count) {
     mine = sh.cand[tid - 32];
@@ -2349,8 +2365,8 @@ inline TopkPlan draft_plan(int64_t rows, int64_t vocab, int k, int elem_bytes, i
   if (splits > max_splits) splits = max_splits;
   if (splits < min_splits) splits = min_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
-  chunk = (chunk + 15) / 16 * 16;  // 16-byte aligned chunk starts
   if (chunk < k) chunk = k;
+  chunk = (chunk + kSegAlign - 1) / kSegAlign * kSegAlign;  // whole segments (cap is a multiple)
   splits = (vocab + chunk - 1) / chunk;
   return TopkPlan{int(splits), int(chunk)};
 }
@@ -2376,7 +2392,7 @@ inline RowBound row_bound(int k, int64_t splits, int chunk) {
 struct DraftLayout {
   TopkPlan plan;
   RowBound rb;
-  int64_t zeroed_bytes, records_off, cand_off, total_bytes;
+  int64_t zeroed_bytes, records_off, cand_off, seg_off, n_seg, total_bytes;
   int stage_off, stage_cap, pairs_off;
   size_t smem;
 };
@@ -2388,7 +2404,9 @@ inline DraftLayout draft_layout(int elem_bytes, int64_t bs, int64_t L, int64_t v
   d.zeroed_bytes = (rows + rows * splits * d.rb.qc) * 8 + bs * 4;
   d.records_off = align16(size_t(d.zeroed_bytes));
   d.cand_off = d.records_off + rows * splits * 16;
-  d.total_bytes = d.cand_off + rows * splits * d.rb.cap * 8;
+  d.seg_off = align16(size_t(d.cand_off + rows * splits * d.rb.cap * 8));
+  d.n_seg = seg_count(vocab, elem_bytes);
+  d.total_bytes = d.seg_off + rows * d.n_seg * 8;
   size_t build = 0;
   if (budget > 0) {
     const int side = budget + 1, words = (side + 31) / 32;
@@ -2423,7 +2441,8 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
   draft_kernel<T, F><<<dim3(unsigned(d.plan.splits), unsigned(rows)), kDraftThreads, d.smem, stream>>>(
       static_cast<const T*>(logits), vocab, L, d.plan.chunk, d.plan.splits, k, budget, d.rb, tau, keys,
       req_done, reinterpret_cast<float4*>(bytes + d.records_off),
-      reinterpret_cast<unsigned long long*>(bytes + d.cand_off), d.stage_off, d.stage_cap, d.pairs_off, ids, lp, lse,
+      reinterpret_cast<unsigned long long*>(bytes + d.cand_off), reinterpret_cast<float2*>(bytes + d.seg_off),
+      int(d.n_seg), d.stage_off, d.stage_cap, d.pairs_off, ids, lp, lse,
       num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, vis_packed, g_timeline);
   return cudaGetLastError();
 }
@@ -2433,8 +2452,9 @@ int launch_draft(const void* logits, int bs, int L, int64_t vocab, int k, int bu
 inline bool cluster_plan(int64_t vocab, int k, int elem_bytes, TopkPlan& plan) {
   if (elem_bytes != 2) return false;
   const int64_t cap = int64_t(kDraftThreads) * kClusterVecs * 16 / elem_bytes;
-  int64_t chunk = ((vocab + kClusterMax - 1) / kClusterMax + 15) / 16 * 16;
-  if (chunk < k) chunk = (int64_t(k) + 15) / 16 * 16;
+  int64_t chunk = (vocab + kClusterMax - 1) / kClusterMax;
+  if (chunk < k) chunk = k;
+  chunk = (chunk + kSegAlign - 1) / kSegAlign * kSegAlign;  // whole segments (cap is a multiple)
   if (chunk > cap) return false;
   plan = TopkPlan{int((vocab + chunk - 1) / chunk), int(chunk)};
   return true;
@@ -2543,7 +2563,7 @@ inline TopkPlan stream_plan(int64_t rows, int64_t vocab, int k, int sms) {
   if (splits > max_splits) splits = max_splits;
   int64_t chunk = (vocab + splits - 1) / splits;
   if (chunk < k) chunk = k;
-  chunk = (chunk + 15) / 16 * 16;  // whole vectors for every dtype
+  chunk = (chunk + kSegAlign - 1) / kSegAlign * kSegAlign;  // whole segments for every dtype
   splits = (vocab + chunk - 1) / chunk;
   return TopkPlan{int(splits), int(chunk)};
 }
@@ -2553,15 +2573,16 @@ int launch_topk_stream(const void* logits, int64_t rows, int64_t vocab, int k, i
                        void* workspace, cudaStream_t stream) {
   const TopkPlan plan = stream_plan(rows, vocab, k, sm_count());
   auto* ws_cand = static_cast<unsigned long long*>(workspace);
-  auto* ws_stats = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  auto* ws_seg = reinterpret_cast<float2*>(ws_cand + rows * plan.splits * int64_t(k));
+  const int n_seg = int(seg_count(vocab, sizeof(T)));
   const size_t smem = align16(sizeof(ChunkShared)) + kStreamRingBytes;
   cudaError_t err = allow_smem_once<topk_stream_kernel<T>>();
   if (err != cudaSuccess) return err;
   topk_stream_kernel<T><<<dim3(unsigned(plan.splits), unsigned(rows)), kStreamThreads, smem, stream>>>(
-      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_stats);
+      static_cast<const T*>(logits), vocab, plan.chunk, plan.splits, k, ws_cand, ws_seg, n_seg);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  return launch_topk_merge<T>(plan, rows, k, ws_cand, ws_stats, ids, lp, lse, stream);
+  return launch_topk_merge<T>(plan, rows, k, ws_cand, ws_seg, n_seg, ids, lp, lse, stream);
 }
 
 // Which top-K runs for many rows: DDTREE_TOPK=chunk forces the staged chunk kernel (tuning).
@@ -2622,7 +2643,7 @@ int64_t topk_workspace_bytes(DType dtype, int64_t rows, int64_t vocab, int k) {
   const TopkPlan plan = topk_plan(rows, vocab, k, elem, sm_count());
   const TopkPlan stream = stream_plan(rows, vocab, k, sm_count());
   const int64_t splits = plan.splits > stream.splits ? plan.splits : stream.splits;
-  return rows * splits * (int64_t(k) * 8 + 8);
+  return rows * splits * int64_t(k) * 8 + rows * seg_count(vocab, elem) * 8;  // lists, segment partials
 }
 
 int topk_lse_cuda(const void* logits, DType dtype, int64_t rows, int64_t vocab, int k, int64_t* ids,
