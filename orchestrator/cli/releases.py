@@ -12,6 +12,7 @@ import typer
 
 from ..errors import ConfigError, RemoteError
 from ..fleet.group import TaskOutcome
+from ..spec.patchset import package_relative
 from ..spec.profile import load_profile
 from ..stages import release
 from . import output
@@ -191,6 +192,11 @@ def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory o
     """Write patchset.yaml for a directory of edited files from the host's pristine hashes."""
     if not from_dir.is_dir():
         raise ConfigError(f"--from {from_dir}: not a directory")
+    if new_under is not None:
+        try:
+            new_under = package_relative(new_under)
+        except ValueError as exc:
+            raise ConfigError(f"--new-under {new_under}: {exc}") from None
     name = name or from_dir.resolve().name
     out = out or Path("patches") / name
     if out.exists() and any(out.iterdir()):

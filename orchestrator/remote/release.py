@@ -18,6 +18,7 @@ root `purelib` is site-packages itself (where a built extension module goes).
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,10 @@ except ImportError:  # on the controller: unit tests import this file
 Failure, Lock, log, read_json = hostlib.Failure, hostlib.Lock, hostlib.log, hostlib.read_json
 copy_durable, fsync_dir, sha256_file = hostlib.copy_durable, hostlib.fsync_dir, hostlib.sha256_file
 swap_in, temp_name, write_json_atomic = hostlib.swap_in, hostlib.temp_name, hostlib.write_json_atomic
+
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+# Imports the modules named in argv, by name: nothing from a patchset is ever run as source.
+IMPORT_MODULES = "import importlib, sys\nfor name in sys.argv[1:]:\n    importlib.import_module(name)\n"
 
 
 class Host:
@@ -236,9 +241,11 @@ def check_python(host, keys, modules):
             except py_compile.PyCompileError as exc:
                 raise Failure("py_compile failed for %s:\n%s" % (key, exc.msg), phase="compile")
     if modules:
-        code = "".join("import %s\n" % m for m in modules)
-        result = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                cwd="/")
+        bad = [m for m in modules if not MODULE_NAME.match(m)]
+        if bad:  # the controller checks this too; names are data here, never source code
+            raise Failure("import check: not module names: %s" % ", ".join(repr(m) for m in bad), phase="import")
+        result = subprocess.run([sys.executable, "-c", IMPORT_MODULES] + list(modules), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, cwd="/")
         if result.returncode != 0:
             raise Failure("import check failed (%s):\n%s" % (", ".join(modules),
                                                              result.stdout.decode("utf-8", "replace")),

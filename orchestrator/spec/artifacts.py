@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .patchset import sha256
+from .patchset import MODULE_NAME, sha256
 
 
 @dataclass
@@ -67,6 +67,8 @@ def load_extension(directory: str | Path) -> Extension:
     except (ValueError, KeyError) as exc:
         raise ConfigError(f"metadata.json is not an extension artifact's metadata ({exc})", str(meta_path)) from None
     module_path = directory / module_file
+    if not isinstance(module_file, str) or "/" in module_file or not MODULE_NAME.match(module_file.split(".", 1)[0]):
+        raise ConfigError(f"module {module_file!r} must be a file name whose stem is a module name", str(meta_path))
     if not module_path.is_file():
         raise ConfigError(f"the module {module_file} named by metadata.json is missing", str(meta_path))
     data = module_path.read_bytes()

@@ -9,6 +9,9 @@ A patchset is a directory with `patchset.yaml`:
       - path: srt/speculative/ddtree_utils.py
         source: files/ddtree_utils.py # relative to the patchset directory
         replaces: new                 # or the sha256 of the pristine file it replaces
+    source_dirs: [../../kernels/ddtree] # optional: directories outside this one that sources
+                                      # may come from (declared, so nothing else can be shipped)
+    import_check: [sglang.srt.speculative.ddtree_plugin]  # dotted module names, imported on the host
     edits:                            # anchored edits of files we may not copy
       - path: srt/server_args.py
         pristine_sha256: 3f2a...      # optional: refuse to edit anything else
@@ -18,20 +21,23 @@ A patchset is a directory with `patchset.yaml`:
           # sglfleet: DDTree flags
           ...
 
-An anchor must match exactly once in the pristine file. `render()` turns the pristine files of
+A source must be a regular file (not a symlink) inside the patchset directory or one of its
+declared `source_dirs`. An anchor must match exactly once in the pristine file. `render()` turns the pristine files of
 one host into the exact bytes each target path must hold, or says precisely why it cannot.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
 
 from ..errors import ConfigError, SglfleetError
 from .yamlsrc import load_model
@@ -43,11 +49,22 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _relative(path: str) -> str:
+def package_relative(path: str) -> str:
+    """A path relative to the package root, with no way out of it."""
     p = PurePosixPath(path)
     if p.is_absolute() or ".." in p.parts or not p.parts:
         raise ValueError("must be a relative path inside the package, without '..'")
     return str(p)
+
+
+# A dotted Python module name: what import_check may name (it is imported, never run as source).
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def module_name(value: str) -> str:
+    if not isinstance(value, str) or not MODULE_NAME.match(value):
+        raise ValueError(f"{value!r} is not a dotted module name such as 'sglang.srt.speculative'")
+    return value
 
 
 def _hash_or_new(value: str | None) -> str | None:
@@ -67,7 +84,7 @@ class _Entry(BaseModel):
     @field_validator("path")
     @classmethod
     def _check_path(cls, value: str) -> str:
-        return _relative(value)
+        return package_relative(value)
 
 
 class FileEntry(_Entry):
@@ -105,7 +122,9 @@ class Manifest(BaseModel):
     files: list[FileEntry] = []
     edits: list[EditEntry] = []
     # Modules a fresh interpreter on the host must import after the swap (default: the package).
-    import_check: list[str] = []
+    import_check: list[Annotated[str, AfterValidator(module_name)]] = []
+    # Directories besides the patchset's own that sources may come from, relative to it.
+    source_dirs: list[str] = []
 
     @field_validator("versions")
     @classmethod
@@ -205,13 +224,39 @@ def load_patchset(directory: str | Path) -> Patchset:
     shown = str(manifest_path)
     manifest, data = load_model(manifest_path, Manifest, "a patchset manifest (name, package, versions, files, edits)")
     sources: dict[str, bytes] = {}
+    allowed = [directory.resolve()]
+    for index, extra in enumerate(manifest.source_dirs):
+        where = (directory / extra).resolve()
+        if not where.is_dir():
+            raise ConfigError(f"source_dirs.{index}: {extra} is not a directory", shown, data.line_of("source_dirs"))
+        allowed.append(where)
     for index, entry in enumerate(manifest.files):
         source = directory / entry.source
+        line = data["files"][index].line_of("source")
         if not source.is_file():
-            line = data["files"][index].line_of("source")
             raise ConfigError(f"files.{index}.source: {entry.source} does not exist in {directory}", shown, line)
+        if _has_symlink(directory, source):
+            raise ConfigError(f"files.{index}.source: {entry.source} is (or passes through) a symlink; a patchset "
+                              "ships only regular files it holds", shown, line)
+        real = source.resolve()
+        if not any(real == root or root in real.parents for root in allowed):
+            raise ConfigError(f"files.{index}.source: {entry.source} resolves to {real}, outside the patchset "
+                              f"directory {directory}" + (" and its source_dirs" if manifest.source_dirs else "")
+                              + "; declare the directory in source_dirs if it is meant to be shipped", shown, line)
         if entry.path in sources:
             raise ConfigError(f"files.{index}.path: {entry.path} is placed twice", shown,
                               data["files"][index].line_of("path"))
         sources[entry.path] = source.read_bytes()
     return Patchset(directory, manifest, sources)
+
+
+def _has_symlink(directory: Path, source: Path) -> bool:
+    """Whether `source` or any directory between `directory` and it is a symlink ('..' steps are
+    normalised first, so a declared source dir outside the patchset is checked the same way)."""
+    path = Path(os.path.normpath(directory / source.relative_to(directory)))
+    base = Path(os.path.normpath(directory))
+    while path != base and path != path.parent:
+        if path.is_symlink():
+            return True
+        path = path.parent
+    return False

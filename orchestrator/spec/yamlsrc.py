@@ -104,6 +104,8 @@ def validation_error(exc: Any, data: Any, path: str, renamed: dict[str, str] | N
     loc = tuple(first.get("loc", ()))
     where = ".".join(str(p) for p in loc) or "document"
     message = first.get("msg", "invalid value")
+    if first.get("type") == "value_error":  # our validators' own sentence, without pydantic's prefix
+        message = message.removeprefix("Value error, ")
     if first.get("type") == "extra_forbidden":
         message = f"unknown key '{loc[-1]}'"
         if len(loc) == 1 and loc[0] in (renamed or {}):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..errors import RemoteError
+from ..errors import ConfigError, RemoteError
 from ..spec.patchset import NEW, PatchError, sha256
 from ..spec.profile import Artifacts
 from ..fleet import remote_call
@@ -290,8 +290,10 @@ class InitEntry:
 def init_patchset(conn: Connection, from_dir: Path, package: str, new_under: str | None) -> tuple[list[InitEntry], str]:
     """Map a directory of edited files onto the host's package (one round trip): a file kept at
     its package path (DIR/srt/x.py) stays there; a flat file is found by name on the host."""
-    from ..errors import ConfigError
-
+    links = sorted(str(p) for p in from_dir.rglob("*") if p.is_symlink())
+    if links:
+        raise ConfigError(f"{from_dir} holds symlinks ({', '.join(links)}); a patchset is made of the regular files "
+                          "you edited, so replace each link with the file itself")
     edited = sorted(p for p in from_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                     and p.suffix != ".pyc")
     if not edited:
@@ -336,6 +338,9 @@ def write_patchset(out: Path, name: str, package: str, version: str | None, entr
     import yaml
 
     files_dir = out / "files"
+    for e in entries:  # every file lands inside --out, whatever the names say
+        if files_dir.resolve() not in (files_dir / e.path).resolve().parents:
+            raise ConfigError(f"{e.path} would be written outside {out}; refusing")
     files_dir.mkdir(parents=True)
     manifest = {"name": name, "package": package, "versions": f"=={version}" if version else ">=0",
                 "files": []}
