@@ -27,13 +27,13 @@ def request(L, V, scale, seed, dtype):
     return (torch.randn(L, V, generator=g) * scale).to(dtype)
 
 
-def batch_with(req, bs, pos, seed):
-    """bs requests, `req` at position pos, the others random of several scales."""
+def batch_with(req, bs, pos, seed, device="cpu"):
+    """bs requests on `device`, `req` at position pos, the others random of several scales."""
     L, V = req.shape
-    g = torch.Generator().manual_seed(seed)
-    others = torch.randn(bs, L, V, generator=g) * torch.tensor([3.0, 300.0, 1.0])[torch.arange(bs) % 3].view(bs, 1, 1)
-    x = others.to(req.dtype)
-    x[pos] = req
+    g = torch.Generator(device=device).manual_seed(seed)
+    scale = torch.tensor([3.0, 300.0, 1.0], device=device)[torch.arange(bs, device=device) % 3].view(bs, 1, 1)
+    x = (torch.randn(bs, L, V, generator=g, device=device) * scale).to(req.dtype)
+    x[pos] = req.to(device)
     return x
 
 
@@ -87,7 +87,7 @@ def test_batch_invariant_fused_and_composed(ext, L, V, B, scale, dtype):  # noqa
         assert_same(row_of(run(ext, req[None].cuda(), B, path), 0), want, ("alone", path))
     for bs in SIZES:
         pos = rng.randrange(bs)
-        logits = batch_with(req, bs, pos, seed=bs).cuda()
+        logits = batch_with(req, bs, pos, seed=bs, device="cuda")
         for path in ("fused", "composed", "auto"):
             assert_same(row_of(run(ext, logits, B, path), pos), want, (bs, pos, path))
         # The top-K op alone (fused top-K, streaming or chunk kernel by the number of rows).
@@ -102,14 +102,14 @@ def test_batch_invariant_fused_graph_replay(ext):  # noqa: F811
     L, V, B, bs = 15, 151936, 64, 9
     req = request(L, V, 300.0, seed=7, dtype=torch.bfloat16)
     want = row_of(run(ext, req[None].cuda(), B, "fused"), 0)
-    static = batch_with(req, bs, 0, seed=1).cuda()
+    static = batch_with(req, bs, 0, seed=1, device="cuda")
     run(ext, static, B, "auto")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run(ext, static, B, "auto")
     for pos in (0, 4, 8):
-        static.copy_(batch_with(req, bs, pos, seed=pos + 2).cuda())
+        static.copy_(batch_with(req, bs, pos, seed=pos + 2, device="cuda"))
         graph.replay()
         assert_same(row_of(out, pos), want, ("graph", pos))
 
@@ -122,5 +122,5 @@ def test_batch_invariant_small_vocab_every_device(ext, device):  # noqa: F811
     want = row_of(run(ext, req[None].to(device), B, "auto"), 0)
     for bs in (2, 5, 11):
         pos = bs // 2
-        got = row_of(run(ext, batch_with(req, bs, pos, seed=bs).to(device), B, "auto"), pos)
+        got = row_of(run(ext, batch_with(req, bs, pos, seed=bs, device=device), B, "auto"), pos)
         assert_same(got, want, (device, bs))

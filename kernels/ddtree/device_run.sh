@@ -6,15 +6,19 @@ export PYTHONUNBUFFERED=1 DDTREE_EXT_DIR=build/ddtree PYTHONPATH=$PWD
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 # PYTEST_K narrows the tests (e.g. "cuda or fused": the CPU ones already ran off the device).
-python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py ${PYTEST_K:+-k "$PYTEST_K"} \
+python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_*.py ${PYTEST_K:+-k "$PYTEST_K"} \
   > "$OUT/pytest.log" 2>&1
 echo "pytest rc=$?"; grep -E "passed|failed|Error|error" "$OUT/pytest.log" | tail -12
 # The fused launch's two variants forced in turn: clusters with no fall-back (a cluster launch
 # that fails is an error, not a silent switch), then the counter variant on 16-bit logits too.
 for variant in cluster counter; do
-  DDTREE_FUSED=$variant python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py \
+  DDTREE_FUSED=$variant python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py tests/test_ddtree_batch_invariance.py \
     -k "fused or graph" > "$OUT/pytest-$variant.log" 2>&1
   echo "pytest (DDTREE_FUSED=$variant) rc=$?"; tail -1 "$OUT/pytest-$variant.log"
 done
-python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
+# The decode loop with a real model (transformers on the machine): bf16, then fp32 (the strict check).
+[ "${SKIP_E2E:-0}" = 1 ] || for dt in bfloat16 float32; do
+  python3 -W ignore -m kernels.ddtree.e2e --dtype $dt --json "$OUT/e2e-$dt.json" 2>&1 | tee "$OUT/e2e-$dt.log"
+done
+[ "${SKIP_PROBE:-0}" = 1 ] || python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
 [ "${SKIP_BENCH:-0}" = 1 ] || python3 -m kernels.ddtree.bench --iters 100 --ref-iters 30 --json "$OUT/bench.json" 2>&1 | tail -12
