@@ -22,6 +22,7 @@ from orchestrator.fleet.local import LocalConnection
 from orchestrator.fleet.remote_call import call
 
 from .conftest import ROOT, sglfleet
+from .private_lab import private_lab
 
 PACKAGE = ROOT / "orchestrator"
 # Who may import whom: a module imports only modules of its own rank or lower.
@@ -234,9 +235,15 @@ def test_render_refuses_an_unknown_what():
 
 @pytest.mark.lab
 @pytest.mark.slow
-def test_the_built_wheel_works_outside_the_checkout(lab, tmp_path):
+def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     """Build the wheel from a copy of the tracked sources, install it into a fresh venv, and run
-    `sglfleet push` and `render` from a directory that has no playbooks/ or patches/ of its own."""
+    `sglfleet push` and `render` from a directory that has no playbooks/ or patches/ of its own
+    (on a lab of its own: the push leaves a release on the host)."""
+    with private_lab("wheel", 1, 1) as lab:
+        _wheel_outside_the_checkout(lab, tmp_path)
+
+
+def _wheel_outside_the_checkout(lab, tmp_path):
     import shutil
     import subprocess
     import sysconfig

@@ -1,22 +1,31 @@
-"""Inputs that must never run as code or reach outside where they belong (issue: hardening).
+"""Inputs that must never run as code or reach outside where they belong, and stopping cleanly.
 
 Patchsets ship only the files they hold or declare, import checks import modules by name, and
-`patchset init` writes only inside --out. No SSH needed: each refusal happens before a connection.
+`patchset init` writes only inside --out (no SSH: each refusal happens before a connection).
+Ctrl-C / SIGTERM during a push, on labs of their own (they leave releases on the hosts).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.errors import ConfigError
+from orchestrator.fleet.hostkeys import KnownHosts
+from orchestrator.fleet.inventory import load_inventory
+from orchestrator.fleet.transport import Connection
 from orchestrator.remote import hostlib, release
 from orchestrator.spec.patchset import load_patchset
 
-from .conftest import sglfleet
+from .conftest import ROOT, fenced_env, sglfleet
+from .private_lab import private_lab
 
 MANIFEST = "name: t\npackage: sglang\nversions: '>=0'\n"
 
@@ -106,3 +115,131 @@ def test_patchset_init_refuses_symlinks_among_the_edited_files(tmp_path):
 
     with pytest.raises(ConfigError, match="holds symlinks"):
         init_patchset(None, edited, "sglang", None)  # refused before any connection is used
+
+
+# ---------------------------------------------------------------- Ctrl-C and SIGTERM
+
+
+def _start_push(lab, hosts: str, pace_s: float, forks: int = 1) -> subprocess.Popen:
+    env = fenced_env({"SGLFLEET_SWAP_PACE_S": str(pace_s), "SGLFLEET_LOOPBACK_ONLY": "1"})
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", hosts, "qwen36-ddtree", "--json",
+                             "--forks", str(forks), "-i", str(lab.inventory_path)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_swap(conn, deadline_s: float = 120) -> None:
+    """Until the host is mid-swap (its journal exists)."""
+    deadline = time.monotonic() + deadline_s
+    while conn.run("test -e /var/lib/sglfleet/journal.json").exit_code != 0:
+        assert time.monotonic() < deadline, "the push never started swapping"
+        time.sleep(0.05)
+
+
+def _release_state(lab, host: str) -> dict:
+    proc = sglfleet("releases", host, "--json", "-i", str(lab.inventory_path))
+    return json.loads(proc.stdout)["hosts"][host]["value"]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_one_interrupt_mid_swap_finishes_that_host_and_starts_no_other(tmp_path, sig):
+    """The first Ctrl-C (or SIGTERM) lets the host being swapped finish its atomic step, starts no
+    other host, prints every host's state and exits 130."""
+    with private_lab("stop", 2 + (sig == signal.SIGTERM), 3) as lab:
+        inv = load_inventory(lab.inventory_path)
+        with Connection(inv.hosts["ct129"], KnownHosts(inv.known_hosts_path)) as conn:
+            proc = _start_push(lab, "all", pace_s=0.4)
+            _wait_for_swap(conn)
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 130, err
+            doc = json.loads(out)
+            assert doc["interrupted"] is True and doc["not_started"] == ["ct130", "ct131"]
+            first = doc["hosts"]["ct129"]
+            assert first["ok"] and first["value"]["release"], first  # the step it was in completed
+            assert conn.run("test -e /var/lib/sglfleet/journal.json").exit_code == 1  # nothing half-done
+        for host in ("ct130", "ct131"):
+            assert doc["hosts"][host]["error"] == "not started: the run was interrupted"
+            assert _release_state(lab, host)["releases"] == []
+        assert "no new host or step will start" in " ".join(err.split())
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_second_interrupt_stops_waiting_and_the_host_is_never_left_half_swapped(tmp_path):
+    with private_lab("abort", 4, 2) as lab:
+        inv = load_inventory(lab.inventory_path)
+        with Connection(inv.hosts["ct129"], KnownHosts(inv.known_hosts_path)) as conn:
+            proc = _start_push(lab, "all", pace_s=0.6)
+            _wait_for_swap(conn)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 130
+            said = " ".join(err.split())
+            assert "stopped waiting" in said and "no host is ever left half-swapped" in said, said
+            # Whatever the host side did with the controller gone, the next run sees all-old or
+            # all-new files: a committed release, or a journal the next push undoes first.
+            deadline = time.monotonic() + 60
+            while conn.run("pgrep -f 'release[.]py apply' >/dev/null").exit_code == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        state = _release_state(lab, "ct129")
+        again = sglfleet("push", "ct129", "qwen36-ddtree", "--json", "-i", str(lab.inventory_path))
+        assert again.returncode == 0, again.stderr
+        value = json.loads(again.stdout)["hosts"]["ct129"]["value"]
+        assert {f["status"] for f in value["files"]} <= {"current", "add", "change"}  # never "drifted"
+        if state["interrupted"]:
+            assert value["recovered"]["undone"] is True
+        assert _release_state(lab, "ct129")["interrupted"] is None
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one paragraph
+
+
+def _inventory(tmp_path: Path, host_vars: str = "") -> Path:
+    path = tmp_path / "inv.yaml"
+    path.write_text("all:\n  hosts:\n    h1: {ansible_host: 127.0.0.5" + host_vars + "}\n")
+    return path
+
+
+def _one_paragraph_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("error: ")
+    said = " ".join(proc.stderr.split())
+    for needle in needles:
+        assert needle in said, said
+
+
+def test_smoke_local_with_a_missing_python_writes_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    proc = sglfleet("smoke", "--local", "qwen36-ddtree", "--python", "/nonexistent/python3", "--runs-dir", str(runs))
+    _one_paragraph_error(proc, "--python /nonexistent/python3: no such executable here")
+    assert not runs.exists()
+
+
+@pytest.mark.parametrize("command", [["releases", "h1"], ["rollback", "h1"]])
+def test_a_package_that_is_not_a_module_name_is_refused_before_connecting(tmp_path, command):
+    proc = sglfleet(*command, "--package", "..", "-i", str(_inventory(tmp_path)))
+    _one_paragraph_error(proc, "--package '..' is not an importable package name")
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1"])
+def test_run_refuses_a_timeout_that_is_not_positive(tmp_path, timeout):
+    proc = sglfleet("run", "h1", "true", "--timeout", timeout, "-i", str(_inventory(tmp_path)))
+    _one_paragraph_error(proc, "--timeout must be a positive number of seconds")
+
+
+def test_forks_zero_is_bad_input(tmp_path):
+    proc = sglfleet("facts", "h1", "--forks", "0", "-i", str(_inventory(tmp_path)))
+    _one_paragraph_error(proc, "--forks must be at least 1, got 0")
+
+
+def test_a_missing_identity_file_is_named(tmp_path):
+    inventory = _inventory(tmp_path, ", ansible_ssh_private_key_file: /nonexistent/id_ed25519")
+    proc = sglfleet("facts", "h1", "--json", "-i", str(inventory))
+    assert proc.returncode == 1
+    error = json.loads(proc.stdout)["hosts"]["h1"]["error"]
+    assert error.startswith("h1: identity_file /nonexistent/id_ed25519 does not exist on this machine")

@@ -7,9 +7,13 @@ error (a one-paragraph message, nothing done).
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import typer
 
@@ -59,12 +63,47 @@ def command_line() -> str:
 
 def run_group(inv: Inventory, pattern: str, task: Callable[[Any], Any], label: str, forks: int,
               policy: Optional[str], quiet: bool) -> GroupResult:
-    """`task(conn)` on every host `pattern` selects, with live per-host progress on stderr."""
+    """`task(conn)` on every host `pattern` selects, with live per-host progress on stderr.
+    Ctrl-C or SIGTERM stops it as `stop_on_signals` says."""
     group = Group.from_inventory(inv, pattern, forks=forks, host_key_policy=host_key_policy(policy))
     progress = output.Progress([h.name for h in group.hosts], label, enabled=not quiet)
     group.progress = progress
-    with group, progress:
+    with group, progress, stop_on_signals(group):
         return group.run(task, label)
+
+
+@contextmanager
+def stop_on_signals(group: Group) -> Iterator[None]:
+    """The first Ctrl-C (or SIGTERM) stops starting hosts and steps and lets each host finish the
+    step it is in; the command then reports every host and exits 130. A second one stops waiting
+    and exits 130 at once: the host side still finishes or undoes its step under its lock."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread; a caller elsewhere stops the group itself
+        return
+    received = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            group.stop.set()
+            output.stderr.print(f"[yellow]{signal.Signals(signum).name}[/]: no new host or step will start; "
+                                "waiting for the hosts already working to finish the step they are in "
+                                "(press Ctrl-C again to stop waiting)", highlight=False)
+            return
+        output.stderr.print("[red]stopped waiting[/]: hosts still working finish or undo their current step on "
+                            "their own, under their lock; no host is ever left half-swapped (an interrupted swap "
+                            "is undone from its journal by the next push or rollback). Check with "
+                            "`sglfleet releases PATTERN`.", highlight=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # worker threads are blocked on the network; nothing else would end them now
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def on_one_host(inv: Inventory, pattern: str, what: str, task: Callable[[Any], Any], label: str,

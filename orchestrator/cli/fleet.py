@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 
+from ..errors import ConfigError
 from ..fleet.facts import gather
 from ..fleet.group import TaskOutcome
 from . import output
@@ -76,6 +77,8 @@ def run_command(pattern: str = PatternArg,
                 timeout: Optional[float] = typer.Option(None, help="Kill the command after this many seconds."),
                 host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Run one shell command on every selected host and show its complete output."""
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     inv = inventory(inventory_path)
 
     def task(conn):

@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from ..fleet.group import GroupResult
+from ..fleet.group import GroupResult, Stopped
 
 # Off a terminal (CI logs, pipes) Rich would assume 80 columns and wrap the tables; COLUMNS wins.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
@@ -83,6 +83,8 @@ def group_json(command: str, results: GroupResult, **extra: Any) -> dict[str, An
         "hosts": {name: r.to_json() for name, r in results.items()},
         "summary": {"ok": len(results.succeeded), "failed": len(results.failed),
                     "total": len(results)},
+        "interrupted": results.interrupted,
+        "not_started": sorted(results.not_started),
         "exit_code": results.exit_code,
     }
 
@@ -101,12 +103,18 @@ def summary_table(title: str, results: GroupResult, columns: list[str],
             table.add_row(escape(name), "[green]ok[/]", *[escape(c) for c in row(result.value)])
         elif refusals_have_rows and result.value:
             table.add_row(escape(name), "[red]refused[/]", *[escape(c) for c in row(result.value)])
+        elif isinstance(result.exception, Stopped):
+            table.add_row(escape(name), "[yellow]not started[/]", escape(str(result.exception)),
+                          *[""] * (len(columns) - 1))
         else:
             first = (result.error or "failed").splitlines()[0]
             table.add_row(escape(name), "[red]failed[/]", escape(first), *[""] * (len(columns) - 1))
     stdout.print(table)
-    ok, failed = len(results.succeeded), len(results.failed)
-    stdout.print(f"{ok} ok, {failed} failed", style="red" if failed else "green", highlight=False)
+    ok, skipped = len(results.succeeded), len(results.not_started)
+    failed = len(results.failed) - skipped
+    stdout.print(f"{ok} ok, {failed} failed" + (f", {skipped} not started" if skipped else "")
+                 + (" (interrupted)" if results.interrupted else ""), style="red" if failed + skipped else "green",
+                 highlight=False)
     for name, result in results.failed.items():
         shown_as_row = refusals_have_rows and result.value
         if result.error and "\n" in result.error and not shown_as_row:

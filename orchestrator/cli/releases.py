@@ -12,7 +12,7 @@ import typer
 
 from ..errors import ConfigError, RemoteError
 from ..fleet.group import TaskOutcome
-from ..spec.patchset import package_relative
+from ..spec.patchset import module_name, package_relative
 from ..spec.profile import load_profile
 from ..stages import release
 from . import output
@@ -22,6 +22,13 @@ from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, Pro
 ForceOpt = typer.Option(False, "--force", help="Replace drifted files (neither pristine nor ours); "
                         "the release's backup keeps them.")
 PackageOpt = typer.Option("sglang", help="The package the releases changed.")
+
+
+def checked_package(package: str) -> str:
+    try:
+        return module_name(package)
+    except ValueError:
+        raise ConfigError(f"--package {package!r} is not an importable package name such as 'sglang'") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -129,6 +136,7 @@ def releases(pattern: str = PatternArg, inventory_path: Optional[str] = Inventor
              as_json: bool = JsonOpt, package: str = PackageOpt,
              host_key_policy: Optional[str] = PolicyOpt) -> None:
     """List the releases recorded on each host, newest last."""
+    package = checked_package(package)
     results = run_group(inventory(inventory_path), pattern, lambda conn: release.list_releases(conn, package),
                         "releases", forks, host_key_policy, quiet=as_json)
 
@@ -163,6 +171,7 @@ def rollback(pattern: str = PatternArg,
              force: bool = typer.Option(False, "--force", help="Roll back even files changed since their release."),
              host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Restore the files of earlier releases (or the pristine package) byte for byte."""
+    package = checked_package(package)
     command = command_line()
 
     def task(conn):
@@ -190,6 +199,7 @@ def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory o
                                                           "host does not have (e.g. srt/speculative)."),
                   inventory_path: Optional[str] = InventoryOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Write patchset.yaml for a directory of edited files from the host's pristine hashes."""
+    package = checked_package(package)
     if not from_dir.is_dir():
         raise ConfigError(f"--from {from_dir}: not a directory")
     if new_under is not None:

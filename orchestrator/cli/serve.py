@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 from typing import Optional
 
@@ -76,7 +77,11 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
         if pattern and not profile:
             raise ConfigError("with --local give only the profile: sglfleet smoke --local PROFILE")
         prof = load_profile(local)
-        conn = LocalConnection(Host(name="local", address="127.0.0.1", python=python or sys.executable))
+        interpreter = python or sys.executable
+        if shutil.which(interpreter) is None:
+            raise ConfigError(f"--python {interpreter}: no such executable here (give the path of the Python "
+                              "that has SGLang installed, e.g. /root/ml-env/bin/python3)")
+        conn = LocalConnection(Host(name="local", address="127.0.0.1", python=interpreter))
         directory = run_dir(runs)
         document = smoke_host(conn, prof, "local", simulate)
         store(directory, "local", document)

@@ -4,17 +4,23 @@ A task is a function `task(conn) -> value` that gets the host's one `Connection`
 connection is opened once per host per command run and shared by every task run on it.
 A host that is down or whose task raises is recorded as failed, the exception kept in its
 HostResult (as Fabric's GroupResult does); it never stops the others.
+
+Stopping (Ctrl-C, SIGTERM): `Group.stop` is an Event. Once set, no host starts, and a task that
+checks `stopping()` between its steps (from the worker thread running it) ends before the next
+one; a step already running on a host finishes (or rolls back) there. Hosts that never started
+are results with a `Stopped` exception, and `GroupResult.interrupted` says the run was cut short.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..errors import SglfleetError
+from ..errors import ConfigError, SglfleetError
 from .hostkeys import KnownHosts
 from .inventory import Host, Inventory
 from .transport import Connection
@@ -27,6 +33,19 @@ ProgressCallback = Callable[[str, str, str], None]
 
 class TaskFailed(SglfleetError):
     """The task reached the host and the host's answer is a failure (see TaskOutcome)."""
+
+
+class Stopped(SglfleetError):
+    """The run was interrupted before this host (or its next step) started."""
+
+
+_current = threading.local()  # the Group whose task this worker thread is running
+
+
+def stopping() -> bool:
+    """Whether the run this task belongs to was asked to stop (a checkpoint between steps)."""
+    group = getattr(_current, "group", None)
+    return bool(group is not None and group.stop.is_set())
 
 
 @dataclass
@@ -70,8 +89,16 @@ class GroupResult(dict[str, HostResult]):
     def failed(self) -> dict[str, HostResult]:
         return {k: v for k, v in self.items() if not v.ok}
 
+    interrupted: bool = False
+
+    @property
+    def not_started(self) -> dict[str, HostResult]:
+        return {k: v for k, v in self.items() if isinstance(v.exception, Stopped)}
+
     @property
     def exit_code(self) -> int:
+        if self.interrupted:
+            return 130  # as a shell reports a command ended by SIGINT
         return 0 if not self.failed else 1
 
 
@@ -86,6 +113,7 @@ class Group:
     progress: ProgressCallback | None = None
     inventory: Inventory | None = None
     connections: dict[str, Connection] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def from_inventory(cls, inventory: Inventory, pattern: str, **kwargs: Any) -> "Group":
@@ -94,7 +122,7 @@ class Group:
 
     def __post_init__(self) -> None:
         if self.forks < 1:
-            raise SglfleetError(f"--forks must be at least 1, got {self.forks}")
+            raise ConfigError(f"--forks must be at least 1, got {self.forks}")
 
     def connection(self, host: Host) -> Connection:
         if host.name not in self.connections:
@@ -111,7 +139,12 @@ class Group:
 
     def _one(self, host: Host, task: Callable[[Connection], Any], label: str) -> HostResult:
         started = time.monotonic()
+        if self.stop.is_set():
+            result = HostResult(host.name, False, exception=Stopped("not started: the run was interrupted"))
+            self._emit(host.name, "failed", result.error or "")
+            return result
         conn = self.connection(host)
+        _current.group = self
         try:
             self._emit(host.name, "connecting", host.target)
             conn.open()
@@ -125,6 +158,8 @@ class Group:
                 result = HostResult(host.name, value.ok, value.value, failure, time.monotonic() - started)
             else:
                 result = HostResult(host.name, True, value, None, time.monotonic() - started)
+        finally:
+            _current.group = None
         self._emit(host.name, "ok" if result.ok else "failed", result.error or "")
         return result
 
@@ -134,6 +169,7 @@ class Group:
             futures = {h.name: pool.submit(self._one, h, task, label) for h in self.hosts}
             for name in (h.name for h in self.hosts):
                 results[name] = futures[name].result()
+        results.interrupted = self.stop.is_set()
         return results
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ stdin streamed while output is read, and a timeout that really kills the remote 
 from __future__ import annotations
 
 import io
+import os
 import shlex
 import tarfile
 import threading
@@ -147,6 +148,10 @@ class Connection:
             if self._fabric is not None and self._fabric.is_connected:
                 return
             check_target(self.host.address, f"host {self.host.name}")
+            missing = [f for f in self.host.identity_files if not os.path.isfile(os.path.expanduser(f))]
+            if missing:
+                raise ConnectError(f"{self.host.name}: identity_file {', '.join(missing)} does not exist on this "
+                                   "machine; fix identity_file (or ansible_ssh_private_key_file) in the inventory")
             try:
                 for attempt in Retrying(stop=stop_after_attempt(self.connect_attempts),
                                         wait=wait_exponential(multiplier=0.25, max=2),

@@ -177,7 +177,10 @@ def locate_package(package):
     """Package dir, version and site-packages, without importing the package (seconds)."""
     import importlib.util
 
-    spec = importlib.util.find_spec(package)
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):  # not a module name, or a parent package that is missing
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
     root = list(spec.submodule_search_locations)[0]

@@ -22,6 +22,7 @@ from ..errors import ConfigError, RemoteError
 from ..spec.patchset import NEW, PatchError, sha256
 from ..spec.profile import Artifacts
 from ..fleet import remote_call
+from ..fleet.group import Stopped, stopping
 from ..fleet.transport import Connection, StreamWriter
 
 
@@ -241,6 +242,8 @@ def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, 
         on_plan(plan)
     if plan.refusals:
         raise RemoteError(f"{conn.host.name}: refused: " + "; ".join(plan.refusals))
+    if stopping():
+        raise Stopped("stopped before changing anything: the run was interrupted")
     changes = sorted(plan.changes, key=_apply_order)
     if not changes:
         return PushOutcome(plan, None, 0, inspected.get("recovered"))
