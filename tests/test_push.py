@@ -23,7 +23,7 @@ from orchestrator.spec.profile import load_profile
 from orchestrator.stages.release import inspect
 from orchestrator.fleet.transport import Connection
 
-from .conftest import ROOT, sglfleet
+from .conftest import ROOT, fenced_env, sglfleet
 from .direct import run_python
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -163,7 +163,7 @@ def test_drift_is_refused_force_overrides_and_rollback_restores_bytes(lab, inven
 def test_two_concurrent_pushes_one_is_refused_by_the_lock(lab, inventory):
     started = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", "ct131", PROFILE, "--json",
                                 "--bwlimit", "20", "-i", str(lab.inventory_path)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=fenced_env())
     with connect(inventory, "ct131") as conn:
         deadline = time.monotonic() + 30
         while conn.run(f"test -s {STATE}/lock").exit_code != 0:  # the holder writes itself into the lock
@@ -222,7 +222,7 @@ def _kill_trials(lab, inventory, host: str, phase: str, seed: int, report: dict)
             extra = ["--bwlimit", "24"] if phase == "transfer" else []
             proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", host, PROFILE, "--json", *extra,
                                      "-i", str(lab.inventory_path)], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, env={**__import__("os").environ, **(env or {})})
+                                    stderr=subprocess.DEVNULL, env=fenced_env(env))
             # The transfer has begun when a new release dir exists; the swap when the journal does.
             count = f"ls -d {STATE}/releases/*/ 2>/dev/null | wc -l"
             before = int(conn.run(count).stdout_text.strip())
@@ -334,3 +334,184 @@ def test_patchset_init_from_hand_edited_files_then_push(lab, inventory, tmp_path
         assert [(r["status"], r["rolled_back_by"]) for r in listing["releases"]] == [("rolled_back", rb_id)]
         assert listing["current"] is None and listing["interrupted"] is None
         assert conn.run(f"cat {root}/srt/speculative/spec_info.py").stdout == original
+
+
+# ---------------------------------------------------------------- the host side of push, observed on the host
+
+
+def host_script(conn, name: str, *args: str, timeout: float = 300):
+    """tests/remote/`name` run by the host's python over stdin (no sglfleet code on the host side)."""
+    return run_python(conn, Path(__file__).parent / "remote" / name, list(args), timeout=timeout)
+
+
+class Background:
+    """A host script running on its own connection while the test drives sglfleet."""
+
+    def __init__(self, inventory, host: str, name: str, *args: str):
+        self.result = None
+        self.error: BaseException | None = None
+
+        def run():
+            try:
+                with connect(inventory, host) as conn:
+                    self.result = host_script(conn, name, *args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by join()
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, conn, path: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while conn.run(f"test -e {shlex.quote(path)}").exit_code != 0:
+            assert self.thread.is_alive() and time.monotonic() < deadline, (self.error, self.result)
+            time.sleep(0.05)
+
+    def join(self, timeout: float = 300) -> dict:
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None and self.result.ok, self.result and (self.result.stdout_text +
+                                                                             self.result.stderr_text)
+        return json.loads(self.result.stdout)
+
+
+def release_dirs(conn) -> list[str]:
+    return conn.run(f"ls {STATE}/releases 2>/dev/null || true").stdout_text.split()
+
+
+def test_staged_file_changed_in_transit_is_refused_before_any_swap(lab, inventory):
+    """apply hashes every staged file against the sha256 the controller sent: a staged file whose
+    bytes changed after the transfer wrote them (here: appended to on the host, mid-transfer)
+    stops the push before the first swap, and the release's staging is removed."""
+    with connect(inventory, "ct134") as conn:
+        files = Files(conn)
+        pristine = files.hashes()
+        new = expected_new(files, pristine)
+        releases_before = release_dirs(conn)
+        ready = "/tmp/test-push-corrupt.ready"
+        conn.run(f"rm -f {ready}")
+        flipper = Background(inventory, "ct134", "corrupt_staging.py", STATE, ready)
+        flipper.wait_for(conn, ready)
+        code, host = push_json(lab, "ct134", "--bwlimit", "16")
+        corrupted = flipper.join()["corrupted"]
+        assert code == 1, host
+        assert f"staged {corrupted} does not match its sha256; nothing was changed" in host["error"], host
+        assert files.hashes() == pristine and files.temp_files() == ""
+        assert release_dirs(conn) == releases_before  # the staging went with the refused release
+        assert conn.run(f"test -e {STATE}/journal.json").exit_code == 1
+        # The same push without interference goes through: it was the flipped byte that stopped it.
+        code, host = push_json(lab, "ct134")
+        assert code == 0, host
+        assert files.hashes() == new
+        assert cli(lab, "rollback", "ct134", "--to", "pristine").returncode == 0
+        assert files.hashes() == pristine
+
+
+def test_swap_renames_a_new_inode_in_and_a_reader_never_sees_a_partial_file(lab, inventory):
+    """A reader on the host during a paced push, then a rollback: every read by name gives the
+    old or the new bytes, never anything else; each changed name gets a new inode (temp file +
+    rename), and a descriptor opened before the swap still reads the old bytes whole."""
+    env = {"SGLFLEET_SWAP_PACE_S": "0.2"}
+    with connect(inventory, "ct135") as conn:
+        files = Files(conn)
+        pristine = files.hashes()
+        new = expected_new(files, pristine)
+        paths = list(files.paths.values())
+        by_target = {t: files.paths[t] for t in files.patchset.targets()}
+        for step, before, after in (("push", pristine, new), ("rollback", new, pristine)):
+            ready, done = f"/tmp/test-push-{step}.ready", f"/tmp/test-push-{step}.done"
+            conn.run(f"rm -f {ready} {done}")
+            reader = Background(inventory, "ct135", "hold_open.py", ready, done, *paths)
+            reader.wait_for(conn, ready)
+            if step == "push":
+                code, host = push_json(lab, "ct135", env=env)
+                assert code == 0, host
+            else:
+                proc = cli(lab, "rollback", "ct135", "--to", "pristine", env=env)
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+            conn.run(f"touch {done}")
+            seen = reader.join()
+            assert files.hashes() == after, step
+            for target, path in by_target.items():
+                entry = seen[path]
+                assert entry["reads"] > 20, (step, entry)  # it really read throughout
+                assert set(entry["seen"]) <= {before[target], after[target]}, (step, target, entry)
+                if before[target] is not None and after[target] is not None and before[target] != after[target]:
+                    assert entry["held_sha256"] == before[target], (step, target)
+                    assert entry["held_reads_now"] == before[target], (step, target, "old descriptor changed")
+                    assert entry["inode"] != entry["held_inode"], (step, target, "written in place")
+        assert files.temp_files() == ""
+
+
+CHAIN_FILE = "srt/speculative/spec_info.py"   # exists in the pristine package: an anchored edit
+CHAIN_NEW = "srt/speculative/sglfleet_chain.py"  # absent in the pristine package: a whole new file
+
+
+def chain_profiles(tmp_path, original: bytes, steps: int = 3) -> list[str]:
+    """Profiles v1..vN, each a patchset that edits CHAIN_FILE and adds CHAIN_NEW with its own bytes."""
+    from orchestrator.spec.patchset import sha256
+    text = original.decode()
+    anchor = next(line for line in text.splitlines()
+                  if line.startswith(("import ", "from ", "class ")) and text.count(line) == 1)
+    out = []
+    for n in range(1, steps + 1):
+        directory = tmp_path / f"chain-v{n}"
+        (directory / "files").mkdir(parents=True)
+        (directory / "files" / "sglfleet_chain.py").write_text(f"STEP = {n}\n")
+        (directory / "patchset.yaml").write_text(
+            f"name: chain-v{n}\npackage: sglang\nversions: \"==0.5.23\"\nfiles:\n"
+            f"  - path: {CHAIN_NEW}\n    source: files/sglfleet_chain.py\n    replaces: new\n"
+            f"edits:\n  - path: {CHAIN_FILE}\n    pristine_sha256: {sha256(original)}\n"
+            f"    anchor: {json.dumps(anchor)}\n    where: before\n"
+            f"    insert: {json.dumps(f'# sglfleet chain v{n}')}\n")
+        profile = tmp_path / f"chain-v{n}.yaml"
+        profile.write_text(f"name: chain-v{n}\nartifacts:\n  patchset: {directory}\n")
+        out.append(str(profile))
+    return out
+
+
+def test_rollback_over_several_releases_restores_each_files_oldest_bytes(lab, inventory, tmp_path):
+    """Three releases change the same two files. Rolling back all of them at once gives the
+    pristine bytes (and no file where there was none); rolling back to the first gives the first
+    release's bytes: per file, the backup of the OLDEST release undone wins, not the newest's."""
+    host = "ct134"
+    with connect(inventory, host) as conn:
+        root = inspect(conn, load_profile(PROFILE).artifacts())["package"]["root"]
+        target, added_path = f"{root}/{CHAIN_FILE}", f"{root}/{CHAIN_NEW}"
+        original = conn.run(f"cat {target}").stdout
+        assert conn.run(f"test -e {added_path}").exit_code == 1
+        profiles = chain_profiles(tmp_path, original)
+
+        def state() -> tuple[bytes, bytes | None]:
+            exists = conn.run(f"test -e {added_path}").exit_code == 0
+            return conn.run(f"cat {target}").stdout, conn.run(f"cat {added_path}").stdout if exists else None
+
+        def push_chain() -> list[tuple[str, tuple[bytes, bytes | None]]]:
+            """(release id, the two files' bytes on the host right after it) per push."""
+            pushed = []
+            for n, profile in enumerate(profiles, 1):
+                proc = cli(lab, "push", host, profile, "--json")
+                value = json.loads(proc.stdout)["hosts"][host]["value"] if proc.stdout else None
+                assert proc.returncode == 0 and value and value["release"], (n, proc.stdout + proc.stderr)
+                now = state()
+                assert f"# sglfleet chain v{n}\n".encode() in now[0] and now[1] == f"STEP = {n}\n".encode(), n
+                pushed.append((value["release"], now))
+            assert len({now for _, now in pushed}) == len(profiles)  # each release changed both files
+            return pushed
+
+        push_chain()
+        proc = cli(lab, "rollback", host, "--to", "pristine", "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(json.loads(proc.stdout)["hosts"][host]["value"]["rolled_back"]) == 3
+        assert state() == (original, None)
+
+        (first, after_first), _, _ = push_chain()
+        proc = cli(lab, "rollback", host, "--to", first, "--json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert len(json.loads(proc.stdout)["hosts"][host]["value"]["rolled_back"]) == 2
+        assert state() == after_first
+        listing = json.loads(cli(lab, "releases", host, "--json").stdout)["hosts"][host]["value"]
+        assert listing["current"] == first
+        assert cli(lab, "rollback", host).returncode == 0
+        assert state() == (original, None)

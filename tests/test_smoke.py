@@ -11,7 +11,7 @@ from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, TEST_HOSTS, sglfleet
-from .direct import run_function
+from .direct import run_python
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -24,6 +24,13 @@ def profile_variant(tmp_path, name, replace):
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
     return str(path)
+
+
+def from_sglang(traceback: str) -> list[str]:
+    """A traceback's lines from its first frame inside the sglang package to the end."""
+    lines = traceback.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  File ") and "/sglang/" in line)
+    return lines[first:]
 
 
 def smoke_json(lab, tmp_path, *args):
@@ -45,11 +52,18 @@ def test_seed_story_hybrid_flags_left_out_then_rendered(lab, inventory, tmp_path
     stored = (Path(doc["run_dir"]) / "ct129.traceback.txt").read_text()
     assert stored == host["probe"]["traceback"] and stored.startswith("Traceback (most recent call last):")
     assert "raise ValueError(" in stored and "cannot branch across tree siblings" in stored.splitlines()[-1]
-    # The same probe run directly on the host, without sglfleet's controller, gives the same traceback.
+    # SGLang called directly on the host with the same argv, by a script that shares no code with
+    # the probe or the controller, gives the same traceback from SGLang's first frame to the end
+    # (the frames above it are the caller's own: the probe's function or the script's module).
     with Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path)) as conn:
-        direct = run_function(conn, "smoke_probe.py", "probe",
-                               {"argv": host["render"]["command"][3:], "simulate": "h200"})
-    assert json.loads(direct.stdout)["traceback"].splitlines() == stored.splitlines()
+        argv = [arg for flag in host["render"]["flags"] for arg in (flag["flag"], *flag["values"])]
+        direct = run_python(conn, Path(__file__).parent / "remote" / "direct_traceback.py", [json.dumps(argv)])
+    assert direct.ok, direct.stderr_text
+    independent = json.loads(direct.stdout)["traceback"]
+    assert independent is not None and independent.startswith("Traceback (most recent call last):")
+    assert len(from_sglang(independent)) > 12, independent  # long enough that a cut one would differ
+    assert from_sglang(stored) == from_sglang(independent)
+    assert stored.splitlines()[0] == "Traceback (most recent call last):"
     assert any("--mamba-radix-cache-strategy extra_buffer --mamba-full-memory-ratio 0.5 "
                "--speculative-ddtree-allow-hybrid-unsafe" in fix for fix in host["diagnosis"])
 
