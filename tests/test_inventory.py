@@ -1,7 +1,14 @@
-"""Inventory loading, variable precedence, ssh_config, patterns, and file:line errors."""
+"""Inventory loading, variable precedence, ssh_config, patterns, and file:line errors.
+
+The same behaviour is checked against ansible-core itself in test_ansible_differential.py; these
+tests need no Ansible and run everywhere."""
 
 from __future__ import annotations
 
+import json
+import pwd
+import os
+import socket
 import textwrap
 from pathlib import Path
 
@@ -15,21 +22,21 @@ from .conftest import ROOT, sglfleet
 FLEET = """\
 all:
   vars:
-    user: deploy
-    python: /usr/bin/python3
+    ansible_user: deploy
+    ansible_python_interpreter: /usr/bin/python3
   hosts:
-    ct129: {address: 127.0.0.11}
+    ct129: {ansible_host: 127.0.0.11}
     ct130: {ansible_host: 127.0.0.12, ansible_port: 2222, ansible_user: admin}
-    ct131: {address: 127.0.0.13, ansible_host: 127.0.0.99}
-    db1: {address: 127.0.0.20}
+    ct131: {ansible_host: 127.0.0.99, ansible_ssh_host: 127.0.0.13}
+    db1: {ansible_host: 127.0.0.20}
   children:
     gpu-fleet:
-      vars: {models_dir: /data/models}
+      vars: {sglfleet_models_dir: /data/models}
       hosts: {ct129: , ct130: , ct131: }
       children:
         h200:
-          vars: {models_dir: /nvme/models}
-          hosts: {ct130: {python: /root/ml-env/bin/python3}}
+          vars: {sglfleet_models_dir: /nvme/models}
+          hosts: {ct130: {ansible_python_interpreter: /root/ml-env/bin/python3}}
     lab:
       hosts: {ct129: , db1: }
 """
@@ -54,7 +61,7 @@ def test_ansible_and_own_names_and_precedence(fleet):
     ct129, ct130, ct131 = fleet.hosts["ct129"], fleet.hosts["ct130"], fleet.hosts["ct131"]
     assert (ct129.address, ct129.port, ct129.user) == ("127.0.0.11", 22, "deploy")
     assert (ct130.address, ct130.port, ct130.user) == ("127.0.0.12", 2222, "admin")
-    assert ct131.address == "127.0.0.13"  # our name wins over the Ansible alias
+    assert ct131.address == "127.0.0.13"  # Ansible's legacy ansible_ssh_host wins over ansible_host
     # all.vars < gpu-fleet < h200 (deeper) < host vars
     assert ct129.models_dir == "/data/models"
     assert ct130.models_dir == "/nvme/models"
@@ -73,10 +80,15 @@ def test_ansible_and_own_names_and_precedence(fleet):
     ("ct129:db1", ["ct129", "db1"]),
     ("gpu-fleet:!ct130", ["ct129", "ct131"]),
     ("gpu-fleet:&lab", ["ct129"]),
-    ("gpu-fleet,lab:!h200", ["ct129", "ct131", "db1"]),
+    ("gpu-fleet,lab,!h200", ["ct129", "ct131", "db1"]),
+    ("gpu-fleet:lab:!h200", ["ct129", "ct131", "db1"]),
     ("!db1", ["ct129", "ct130", "ct131"]),
     ("~ct13[01]", ["ct130", "ct131"]),
     ("h2*", ["ct130"]),  # globs match group names too
+    ("lab,gpu-fleet", ["ct129", "db1", "ct130", "ct131"]),  # Ansible's order: term by term
+    ("gpu-fleet[0]", ["ct129"]),
+    ("gpu-fleet[-1]", ["ct131"]),  # the group's own hosts first, then its children's
+    ("gpu-fleet[1:]", ["ct130", "ct131"]),
 ])
 def test_patterns(fleet, pattern, expected):
     assert names(fleet, pattern) == expected
@@ -87,10 +99,29 @@ def test_patterns(fleet, pattern, expected):
     ("ct999", "'ct999' is not a host or group"),
     ("gpu-fleet:&db1", "matches no host"),
     ("", "empty host pattern"),
+    # issue 17: what Ansible reads as 'all' (or drops) must never widen or shift a rollout
+    (",", "term 1 of 2 is empty"),
+    (":", "empty term"),
+    ("  ", "empty host pattern"),
+    ("gpu-fleet,", "term 2 of 2 is empty"),
+    ("gpu-fleet,,lab", "term 2 of 3 is empty"),
+    ("gpu-fleet::lab", "empty term"),
+    (":gpu-fleet", "empty term"),
+    ("gpu-fleet:", "empty term"),
+    ("!", "with no name"),
+    ("gpu-fleet,!", "term 2 of 2 is empty"),
+    ("all:!ct13O", "'ct13O' is not a host or group"),  # a typo in an exclusion would widen it
+    ("gpu-fleet:&lab,db1", "splits it on commas only"),
+    ("gpu-fleet[7]", "position 7 is out of range"),
+    ("gpu-fleet[1-2]", "the [x-y] subscript was removed"),
+    ("~ct13(", "bad regex"),
+    ("~130", "'~130' is not a host or group"),  # ~regex is anchored at the start, as in Ansible
+    ("ct1[29]", "'ct1[29]' is not a host or group"),  # a subscript, not a glob: nothing named 'ct1'
 ])
 def test_pattern_errors(fleet, pattern, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(ConfigError) as info:
         fleet.select(pattern)
+    assert message in str(info.value)
 
 
 def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
@@ -110,7 +141,7 @@ def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
         all:
           hosts:
             ct129: {}
-            ct130: {user: inventory-user, port: 2022}
+            ct130: {ansible_user: inventory-user, ansible_port: 2022}
     """)
     inv = load_inventory(inv_path, ssh_config_path=str(ssh_config))
     ct129, ct130 = inv.hosts["ct129"], inv.hosts["ct130"]
@@ -121,10 +152,23 @@ def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
 
 @pytest.mark.parametrize("text,line,message", [
     ("all:\n  hosts:\n    ct129: {address: [1, 2\n", 4, "invalid YAML"),
-    ("all:\n  hosts:\n    ct129:\n      adress: 127.0.0.1\n", 4, "unknown key 'adress' in host 'ct129' (did you mean 'address'?)"),
+    ("all:\n  hosts:\n    ct129:\n      sglfleet_model_dir: /m\n", 4,
+     "unknown sglfleet setting 'sglfleet_model_dir' in host 'ct129' (did you mean 'sglfleet_models_dir'?)"),
     ("all:\n  hostz:\n    ct129:\n", 2, "unknown key 'hostz' in group 'all' (did you mean 'hosts'?)"),
-    ("all:\n  hosts:\n    ct129:\n      port: twenty-two\n", 4, "'port' of host 'ct129' must be an integer port number"),
-    ("all:\n  vars:\n    host_key_policy: yolo\n  hosts: {a: }\n", 3, "must be one of strict, accept-new"),
+    ("all:\n  hosts:\n    ct129:\n      ansible_port: twenty-two\n", 4,
+     "'ansible_port' of host 'ct129' must be an integer port number"),
+    ("all:\n  vars:\n    sglfleet_host_key_policy: yolo\n  hosts: {a: }\n", 3, "must be one of strict, accept-new"),
+    ("all:\n  hosts:\n    ct129:\n      sglfleet_proxy_jump: 'host:abc'\n", 4,
+     "'sglfleet_proxy_jump' of host 'ct129' must be [user@]host[:port]; the port 'abc' is not a port number"),
+    ("all:\n  hosts:\n    ct129:\n      ansible_host: '{{ inventory_hostname }}.lan'\n", 4, "is a Jinja template"),
+    ("all:\n  hosts: ct129\n", 2, "Ansible would invent a host named 'ct129'"),
+    ("all:\n  hosts:\n    web[5:1]:\n", 3, "is empty (begin > end)"),
+    ("all:\n  hosts:\n    web[01:100]:\n", 3, "same width"),
+    ("all:\n  hosts:\n    web[1:3:x]:\n", 3, "step"),
+    ("all:\n  children:\n    a:\n      children:\n        b:\n          children:\n            a:\n", 5,
+     "group 'b' cannot be a child of 'a': 'b' contains 'a' (a loop)"),
+    ("all:\n  vars:\n    ansible_group_priority: high\n  hosts: {a: }\n", 3, "must be an integer"),
+    ("plugin: aws_ec2\n", 1, "inventory plugin's configuration"),
     ("all:\n  children:\n    gpu: [ct129]\n", 3, "group 'gpu' must be a mapping"),
     ("all:\n  hosts:\n    ct129:\n    ct129:\n", 4, "duplicate key 'ct129'"),
     ("all:\n  children:\n    empty:\n", 1, "defines no hosts"),
@@ -137,6 +181,112 @@ def test_bad_inventory_reports_file_and_line(tmp_path, text, line, message):
     assert message in str(info.value)
 
 
+def test_non_utf8_inventory_is_refused_with_its_line(tmp_path):
+    path = tmp_path / "inv.yaml"
+    path.write_bytes(b"all:\n  hosts:\n    caf\xe9:\n")
+    with pytest.raises(ConfigError, match=r"inv.yaml:3: the inventory is not UTF-8 text \(byte 0xe9\)"):
+        load_inventory(path, ssh_config_path=str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("content,line,message", [
+    (b"127.0.0.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIK\n", 1, "broken entry"),
+    (b"# ok\n127.0.0.2 ssh-rsa AAAA\n", 2, "broken entry"),
+    (b"\n\n127.0.0.1 ssh-ed25519 \xff\xfe\n", 3, "not UTF-8"),
+])
+def test_garbage_known_hosts_is_refused_with_its_line(tmp_path, content, line, message):
+    inv = write(tmp_path, "all:\n  hosts:\n    a: {ansible_host: 127.0.0.1}\n")
+    (tmp_path / "inv.known_hosts").write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(inv, ssh_config_path=str(tmp_path / "none"))
+    assert str(info.value).startswith(f"{tmp_path / 'inv.known_hosts'}:{line}: ") and message in str(info.value)
+    proc = sglfleet("hosts", "all", "-i", str(inv))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"inv.known_hosts:{line}:" in proc.stderr.replace("\n", "")
+
+
+def test_host_vars_win_over_group_vars_and_deeper_groups_over_shallow(tmp_path):
+    # The same var at every level, so that swapping any two levels changes a value below.
+    inv = load_inventory(write(tmp_path, """\
+        all:
+          vars: {role: all, ansible_port: 2000}
+          children:
+            outer:
+              vars: {role: outer, ansible_port: 2001}
+              hosts:
+                plain:
+                own: {role: own-host, ansible_port: 2099}
+              children:
+                inner:
+                  vars: {role: inner, ansible_port: 2002}
+                  hosts: {deep: , own: }
+            zeta:
+              vars: {role: zeta, ansible_group_priority: 0}
+              hosts: {both: }
+            alpha:
+              vars: {role: alpha}
+              hosts: {both: }
+    """), ssh_config_path=str(tmp_path / "none"))
+    assert inv.hosts["own"].vars["role"] == "own-host" and inv.hosts["own"].port == 2099
+    assert inv.hosts["deep"].vars["role"] == "inner" and inv.hosts["deep"].port == 2002
+    assert inv.hosts["plain"].vars["role"] == "outer" and inv.hosts["plain"].port == 2001
+    # same depth: lower ansible_group_priority first, so alpha (priority 1) beats zeta (0) by
+    # priority although zeta sorts after alpha by name
+    assert inv.hosts["both"].vars["role"] == "alpha"
+
+
+def test_ansible_host_syntax(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        all:
+          hosts:
+            badwolf.example.com:5309:
+            localhost: {ansible_connection: local}
+            www[01:03:2].example.com:
+            db-[a:c]:
+          children:
+            web:
+              hosts:
+                app: {port: 8080, user: www-data, address: 0.0.0.0}
+            again:
+              hosts:
+                app: {ansible_host: 127.0.0.5, color: blue}
+                db-a: {color: red}
+    """), ssh_config_path=str(tmp_path / "none"))
+    assert (inv.hosts["badwolf.example.com"].address, inv.hosts["badwolf.example.com"].port) == \
+        ("badwolf.example.com", 5309)
+    assert inv.hosts["localhost"].connection == "local"
+    assert [h.name for h in inv.select("www*")] == ["www01.example.com", "www03.example.com"]
+    assert [h.name for h in inv.select("db-*")] == ["db-a", "db-b", "db-c"]
+    app = inv.hosts["app"]
+    # plain port/user/address are the application's, not SSH's; the later definition adds ansible_host
+    assert (app.address, app.port, app.user) == ("127.0.0.5", 22, pwd.getpwuid(os.getuid()).pw_name)
+    assert app.vars["port"] == 8080 and app.vars["color"] == "blue"
+    assert [h.name for h in inv.select("ungrouped")] == ["badwolf.example.com", "localhost", "www01.example.com",
+                                                         "www03.example.com", "db-b", "db-c"]
+
+
+def test_implicit_localhost_runs_locally(tmp_path):
+    inv = load_inventory(write(tmp_path, "all:\n  vars: {color: green}\n  hosts:\n    a: {ansible_host: 127.0.0.1}\n"),
+                         ssh_config_path=str(tmp_path / "none"))
+    (local,) = inv.select("localhost")
+    assert local.connection == "local" and local.vars["color"] == "green"
+    assert [h.name for h in inv.select("all")] == ["a"]  # not part of all, as in Ansible
+
+
+def test_notes_for_ansible_vars_sglfleet_does_not_use(tmp_path, caplog):
+    inv = load_inventory(write(tmp_path, """\
+        all:
+          hosts:
+            a: {ansible_host: 127.0.0.1, ansible_password: pw, ansible_become: true, ansible_ruby_interpreter: /r}
+            b: {ansible_host: 127.0.0.2, ansible_ssh_common_args: '-o ProxyJump=jump:2200 -o ProxyCommand=nc'}
+    """), ssh_config_path=str(tmp_path / "none"))
+    inv.select("all")
+    text = "\n".join(inv.notes)
+    assert "ansible_password is not used" in text and "ansible_become is not used" in text
+    assert "ignores -o ProxyCommand=nc" in text
+    assert "ruby" not in text
+    assert inv.hosts["b"].proxy_jump == "jump:2200"
+
+
 def test_user_vars_are_kept(tmp_path):
     inv = load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {lab_gpu: h200, rack: r7}\n"),
                          ssh_config_path=str(tmp_path / "none"))
@@ -147,25 +297,67 @@ def test_user_vars_are_kept(tmp_path):
 def test_production_example_is_valid_data():
     inv = load_inventory(ROOT / "inventory" / "production.example.yaml", ssh_config_path="/nonexistent")
     ct129 = inv.hosts["ct129"]
-    assert (ct129.address, ct129.user) == ("10.1.230.172", "root")
+    assert (ct129.address, ct129.user, ct129.port) == ("10.1.230.172", "root", 22)
     assert ct129.python == "/root/ml-env/bin/python3"
     assert ct129.models_dir == "/root/models"
     assert "gpu-fleet" in ct129.groups
 
 
 def test_cli_config_error_is_one_paragraph_exit_2(tmp_path):
-    path = write(tmp_path, "all:\n  hosts:\n    ct129:\n      prot: 22\n")
+    path = write(tmp_path, "all:\n  hosts:\n    ct129:\n      sglfleet_model_dir: /m\n")
     proc = sglfleet("hosts", "all", "-i", str(path))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
-    assert f"{path}:4: unknown key 'prot'" in proc.stderr.replace("\n", "")
+    assert f"{path}:4: unknown sglfleet setting 'sglfleet_model_dir'" in proc.stderr.replace("\n", "")
     proc = sglfleet("hosts", "gpu-flet", "-i", str(ROOT / "inventory" / "production.example.yaml"))
     assert proc.returncode == 2 and "did you mean 'gpu-fleet'" in proc.stderr.replace("\n", "")
 
 
-def test_cli_hosts_json_lists_selection_without_connecting():
+@pytest.mark.parametrize("pattern", [",", ":", "all,", "ct129,,ct130", "!", ""])
+def test_cli_separator_patterns_exit_2_before_connecting(tmp_path, pattern):
+    """Issue 17: `sglfleet run ',' true` ran on every host; now nothing connects."""
+    listener, inv = _listening_inventory(tmp_path)
+    with listener:
+        proc = sglfleet("run", pattern, "true", "-i", str(inv))
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        _assert_no_connection(listener)
+
+
+def _listening_inventory(tmp_path):
+    """An inventory whose two hosts point at a socket of ours: a connection attempt would show."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    inv = write(tmp_path, f"""\
+        all:
+          vars: {{ansible_host: 127.0.0.1, ansible_port: {port}, ansible_timeout: 2}}
+          hosts:
+            ct129:
+            ct130:
+    """)
+    return listener, inv
+
+
+def _assert_no_connection(listener):
+    try:
+        conn, peer = listener.accept()
+    except BlockingIOError:
+        return
+    conn.close()
+    pytest.fail(f"something connected to the hosts' address from {peer}")
+
+
+def test_cli_hosts_json_lists_selection_without_connecting(tmp_path):
+    listener, inv = _listening_inventory(tmp_path)
+    with listener:
+        proc = sglfleet("hosts", "all", "-i", str(inv), "--json")
+        assert proc.returncode == 0, proc.stderr
+        doc = json.loads(proc.stdout)
+        assert [h["name"] for h in doc["hosts"]] == ["ct129", "ct130"]
+        _assert_no_connection(listener)
     proc = sglfleet("hosts", "gpu-fleet", "-i", str(ROOT / "inventory" / "production.example.yaml"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    import json
-    doc = json.loads(proc.stdout)
-    assert [h["name"] for h in doc["hosts"]][0] == "ct129"
+    assert proc.returncode == 0, proc.stderr  # a non-loopback host: listing it must not touch it
+    assert [h["name"] for h in json.loads(proc.stdout)["hosts"]] == ["ct129"]

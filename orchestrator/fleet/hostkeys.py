@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
 
-from ..errors import HostKeyError
+from ..errors import ConfigError, HostKeyError
 
 _write_lock = threading.Lock()
 
@@ -34,6 +34,29 @@ class KnownHosts:
         self._parsed: tuple[tuple[int, int] | None, HostKeys] | None = None
         self._lock = threading.Lock()
 
+    def validate(self) -> None:
+        """Refuse a file paramiko cannot read (not UTF-8, a broken key) with file:line, before any
+        connection; paramiko would raise from inside the connect, with no line at all."""
+        if not os.path.exists(self.path):
+            return
+        try:
+            raw = Path(self.path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the known_hosts file: {exc.strerror}", self.path) from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"the known_hosts file is not UTF-8 text (byte 0x{raw[exc.start]:02x}); "
+                              "fix or delete that line", self.path, raw[:exc.start].count(b"\n") + 1) from None
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                HostKeyEntry.from_line(line, number)
+            except Exception as exc:  # paramiko: InvalidHostKey, SSHException, base64 errors
+                reason = exc.args[1] if isinstance(exc, paramiko.hostkeys.InvalidHostKey) and len(exc.args) > 1 \
+                    else exc
+                raise ConfigError(f"the known_hosts file has a broken entry ({reason}); fix or delete "
+                                  f"line {number}", self.path, number) from None
+
     def load(self) -> HostKeys:
         """The file's keys (a shared object: do not modify it)."""
         try:
@@ -45,6 +68,7 @@ class KnownHosts:
             if self._parsed is None or self._parsed[0] != version:
                 keys = HostKeys()
                 if version is not None:
+                    self.validate()
                     keys.load(self.path)
                 self._parsed = (version, keys)
             return self._parsed[1]

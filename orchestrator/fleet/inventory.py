@@ -1,36 +1,55 @@
-"""Ansible-style YAML inventories and `--limit` host patterns.
+"""Ansible YAML inventories: the hosts, groups and connection settings ansible-core 2.19 reads.
 
-Structure (as Ansible's YAML inventory):
+An inventory a user already has for Ansible means the same here: the same hosts (ranges such as
+`www[01:50].example.com` expanded, `host:port` keys split), the same groups (`all`, `ungrouped`,
+children), the same variables per host, and the same SSH target:
 
     all:
-      vars: {...}
-      hosts: {ct129: {address: 10.1.230.172}}
+      vars: {ansible_user: root, ansible_python_interpreter: /root/ml-env/bin/python3}
       children:
         gpu-fleet:
-          hosts: {ct129: }
+          hosts:
+            ct129: {ansible_host: 10.1.230.172}
 
-Variable precedence, lowest first: `all.vars`, group vars from shallow to deep groups
-(ties by group name), host vars. Host vars accept Ansible's names (`ansible_host`, ...)
-and ours (`address`, ...); when both are given, ours wins. `~/.ssh/config` fills what
-the inventory leaves unset (HostName, Port, User, IdentityFile, ProxyJump).
+Variables, lowest precedence first (Ansible's): groups sorted by depth (`all` first), then
+`ansible_group_priority`, then name; then the host's own vars; a host or group defined twice keeps
+the later value of a var. Connection settings come only from Ansible's connection variables, the
+`ssh` plugin's way (`ansible_ssh_host` over `ansible_host`, likewise for port, user, key file and
+timeout), then from `~/.ssh/config` for the target address, then SSH's defaults (port 22, the
+local user). `ansible_connection: local` runs on this machine. Every other var is the user's own
+(`port: 8080` is an application's port, not SSH's). sglfleet's own settings carry a `sglfleet_`
+prefix (`sglfleet_models_dir`, `sglfleet_host_key_policy`, `sglfleet_proxy_jump`).
+
+What Ansible would do differently only with a warning, or not at all, is refused with file:line
+(see `patterns` for host patterns); what sglfleet does not use (passwords, become) is a note.
 """
 
 from __future__ import annotations
 
 import difflib
-import fnmatch
+import logging
 import os
-import re
+import pwd
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import paramiko
 
 from ..errors import ConfigError
 from ..spec.yamlsrc import SourceMap, load_yaml
+from . import patterns
+from .hostkeys import KnownHosts
+from .hostnames import BadRange, expand_ranges, split_host_key
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
+GROUP_KEYS = ("hosts", "vars", "children")
+log = logging.getLogger("sglfleet.inventory")
+
+
+# ---------------------------------------------------------------- variables
 
 
 def _as_str(value: Any) -> str:
@@ -58,26 +77,79 @@ def _as_policy(value: Any) -> str:
 
 
 def _as_seconds(value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError("must be a positive number of seconds") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ValueError("must be a positive number of seconds")
     return float(value)
 
 
-# Our name -> (Ansible alias or None, converter). Ours wins when both are set.
-CONNECTION_VARS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
-    "address": ("ansible_host", _as_str),
-    "port": ("ansible_port", _as_port),
-    "user": ("ansible_user", _as_str),
-    "identity_file": ("ansible_ssh_private_key_file", _as_str),
-    "proxy_jump": (None, _as_str),
-    "python": ("ansible_python_interpreter", _as_str),
-    "models_dir": (None, _as_str),
-    "host_key_policy": (None, _as_policy),
-    "connect_timeout": (None, _as_seconds),
+def _as_jump(value: Any) -> str:
+    """`[user@]host[:port]`, one hop (chains belong in ~/.ssh/config)."""
+    text = _as_str(value).strip()
+    if not text:
+        raise ValueError("must be [user@]host[:port]")
+    if "," in text:
+        raise ValueError("with several hops is not supported; chain them in ~/.ssh/config instead")
+    _, _, hostport = text.rpartition("@")
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else (None if not rest else "x")
+    else:
+        host, sep, port = hostport.partition(":")
+        port = port if sep else None
+    if not host:
+        raise ValueError("must be [user@]host[:port], the host is missing")
+    if port is not None:
+        try:
+            _as_port(port)
+        except ValueError:
+            raise ValueError(f"must be [user@]host[:port]; the port {port!r} is not a port number") from None
+    return text
+
+
+def _as_connection(value: Any) -> str:
+    text = _as_str(value)
+    return text
+
+
+SSH_CONNECTIONS = {"ssh", "smart", "paramiko", "paramiko_ssh", "ansible.builtin.ssh",
+                   "ansible.builtin.paramiko_ssh"}
+LOCAL_CONNECTIONS = {"local", "ansible.builtin.local"}
+
+# setting -> (variable names, highest precedence first, as the ssh plugin reads them; converter)
+CONNECTION_VARS: dict[str, tuple[tuple[str, ...], Callable[[Any], Any]]] = {
+    "address": (("ansible_ssh_host", "ansible_host"), _as_str),
+    "port": (("ansible_ssh_port", "ansible_port"), _as_port),
+    "user": (("ansible_ssh_user", "ansible_user"), _as_str),
+    "identity_file": (("ansible_ssh_private_key_file", "ansible_private_key_file"), _as_str),
+    "connect_timeout": (("ansible_ssh_timeout", "ansible_timeout"), _as_seconds),
+    "python": (("ansible_python_interpreter",), _as_str),
+    "connection": (("ansible_connection",), _as_connection),
+    "ssh_args": (("ansible_ssh_common_args", "ansible_ssh_extra_args"), _as_str),
+    "proxy_jump": (("sglfleet_proxy_jump",), _as_jump),
+    "models_dir": (("sglfleet_models_dir",), _as_str),
+    "host_key_policy": (("sglfleet_host_key_policy",), _as_policy),
 }
-ANSIBLE_ALIASES = {alias: ours for ours, (alias, _) in CONNECTION_VARS.items() if alias}
-KNOWN_VARS = set(CONNECTION_VARS) | set(ANSIBLE_ALIASES)
-GROUP_KEYS = ("hosts", "vars", "children")
+CONVERTERS = {name: convert for names, convert in CONNECTION_VARS.values() for name in names}
+OWN_VARS = tuple(sorted(n for n in CONVERTERS if n.startswith("sglfleet_")))
+# sglfleet's settings before they had a prefix: ordinary vars now (as in Ansible), with a note.
+FORMER_NAMES = {"address": "ansible_host", "port": "ansible_port", "user": "ansible_user",
+                "identity_file": "ansible_ssh_private_key_file", "python": "ansible_python_interpreter",
+                "proxy_jump": "sglfleet_proxy_jump", "models_dir": "sglfleet_models_dir",
+                "host_key_policy": "sglfleet_host_key_policy", "connect_timeout": "ansible_timeout"}
+UNUSED_VARS = {
+    "ansible_password": "sglfleet authenticates with keys or the agent only, never a password",
+    "ansible_ssh_pass": "sglfleet authenticates with keys or the agent only, never a password",
+    "ansible_become": "sglfleet does not become another user; commands run as the SSH user",
+    "ansible_become_user": "sglfleet does not become another user; commands run as the SSH user",
+    "ansible_become_method": "sglfleet does not become another user; commands run as the SSH user",
+    "ansible_become_password": "sglfleet does not become another user; commands run as the SSH user",
+    "ansible_become_pass": "sglfleet does not become another user; commands run as the SSH user",
+}
 
 
 @dataclass(frozen=True)
@@ -96,171 +168,450 @@ class Host:
     connect_timeout: float = 10.0
     groups: tuple[str, ...] = ()
     vars: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    connection: str = "ssh"  # "ssh", "local" (ansible_connection: local), or what Ansible named
+    notes: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)  # (note, file:line)
 
     @property
     def target(self) -> str:
+        if self.connection == "local":
+            return "local"
         return f"{self.user}@{self.address}:{self.port}"
 
 
-@dataclass
+# ---------------------------------------------------------------- the parsed graph
+
+
 class _Group:
-    name: str
-    hosts: list[str] = field(default_factory=list)
-    children: list[str] = field(default_factory=list)
-    vars: list[SourceMap] = field(default_factory=list)
-    line: int | None = None
+    __slots__ = ("name", "hosts", "host_set", "children", "parents", "vars", "origins", "priority", "line")
+
+    def __init__(self, name: str, line: int | None):
+        self.name = name
+        self.hosts: list[str] = []
+        self.host_set: set[str] = set()
+        self.children: list[str] = []
+        self.parents: list[str] = []
+        self.vars: dict[str, Any] = {}
+        self.origins: dict[str, tuple[SourceMap, Any]] = {}
+        self.priority = 1
+        self.line = line
+
+    def add_host(self, name: str) -> None:
+        if name not in self.host_set:
+            self.host_set.add(name)
+            self.hosts.append(name)
+
+
+class _HostDef:
+    __slots__ = ("name", "vars", "origins", "line")
+
+    def __init__(self, name: str, line: int | None):
+        self.name = name
+        self.vars: dict[str, Any] = {}
+        self.origins: dict[str, tuple[SourceMap, Any]] = {}
+        self.line = line
+
+
+class _Parser:
+    """Reads the YAML document the way Ansible's `yaml` inventory plugin does, refusing what is broken."""
+
+    def __init__(self, shown: str):
+        self.shown = shown
+        self.groups: dict[str, _Group] = {"all": _Group("all", 1), "ungrouped": _Group("ungrouped", 1)}
+        self._link("all", "ungrouped", None, None)
+        self.hosts: dict[str, _HostDef] = {}
+
+    def _link(self, parent: str, child: str, where: SourceMap | None, key: Any) -> None:
+        p, c = self.groups[parent], self.groups[child]
+        if child in p.children:
+            return
+        if child == parent or child in self._ancestors(parent):
+            chain = f"'{child}' contains '{parent}'" if child != parent else f"'{child}' lists itself"
+            message = f"group '{child}' cannot be a child of '{parent}': {chain} (a loop)"
+            raise where.error(message, key) if where is not None else ConfigError(message, self.shown)
+        p.children.append(child)
+        c.parents.append(parent)
+
+    def _ancestors(self, name: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(self.groups[name].parents)
+        while todo:
+            g = todo.pop()
+            if g not in seen:
+                seen.add(g)
+                todo.extend(self.groups[g].parents)
+        return seen
+
+    def document(self, data: Any) -> None:
+        if data is None:
+            raise ConfigError("the inventory is empty; expected a mapping with an 'all' group", self.shown, 1)
+        if not isinstance(data, SourceMap):
+            raise ConfigError("the inventory must be a mapping of groups (e.g. 'all:')", self.shown, 1)
+        if "plugin" in data:
+            raise data.error("this is an inventory plugin's configuration (it has 'plugin:'), not a YAML "
+                             "inventory; sglfleet reads YAML inventories only", "plugin")
+        for name, body in data.items():
+            self.group(name, body, data)
+
+    def group(self, name: Any, body: Any, where: SourceMap) -> str:
+        if not isinstance(name, str) or not name:
+            raise where.error(f"group name must be a non-empty string, got {name!r}", name)
+        if body is not None and not isinstance(body, SourceMap):
+            raise where.error(f"group '{name}' must be a mapping with hosts/vars/children, got "
+                              f"{type(body).__name__} (Ansible would skip it with a warning)", name)
+        if name not in self.groups:
+            self.groups[name] = _Group(name, where.line_of(name))
+        group = self.groups[name]
+        if body is None:
+            return name
+        for key in body:
+            if key not in GROUP_KEYS:
+                hint = _did_you_mean(key, GROUP_KEYS)
+                raise body.error(f"unknown key {key!r} in group '{name}'{hint}; a group has only "
+                                 f"{', '.join(GROUP_KEYS)} (Ansible would skip it with a warning)", key)
+            section = body[key]
+            if section is None:
+                continue
+            if not isinstance(section, SourceMap):
+                what = {"hosts": "a mapping of host names", "vars": "a mapping",
+                        "children": "a mapping of groups"}[key]
+                extra = (f" (Ansible would invent a {'host' if key == 'hosts' else 'group'} named "
+                         f"{section!r})" if isinstance(section, str) and key != "vars" else "")
+                raise body.error(f"'{key}' of group '{name}' must be {what}, got "
+                                 f"{type(section).__name__}{extra}", key)
+            if key == "vars":
+                for var, value in section.items():
+                    self.group_var(group, section, var, value)
+            elif key == "children":
+                for child, child_body in section.items():
+                    if child == "all":
+                        raise section.error("'all' cannot be a child group", child)
+                    child_name = self.group(child, child_body, section)
+                    self._link(name, child_name, section, child)
+            else:
+                for host_key, host_vars in section.items():
+                    self.host_entry(group, section, host_key, host_vars)
+        return name
+
+    def group_var(self, group: _Group, block: SourceMap, var: Any, value: Any) -> None:
+        _check_var(block, var, value, f"group '{group.name}'")
+        if var == "ansible_group_priority":
+            try:
+                group.priority = int(value)
+            except (TypeError, ValueError):
+                raise block.error(f"'ansible_group_priority' of group '{group.name}' must be an integer, "
+                                  f"got {value!r}", var) from None
+            return
+        group.vars[var] = value
+        group.origins[var] = (block, var)
+
+    def host_entry(self, group: _Group, block: SourceMap, key: Any, host_vars: Any) -> None:
+        if not isinstance(key, str) or not key:
+            raise block.error(f"host name must be a string, got {key!r} (quote numbers)", key)
+        if host_vars is not None and not isinstance(host_vars, SourceMap):
+            raise block.error(f"vars of host '{key}' must be a mapping, got {type(host_vars).__name__}", key)
+        pattern, port = split_host_key(key)
+        try:
+            names = expand_ranges(pattern)
+        except BadRange as exc:
+            raise block.error(f"host {exc}", key) from None
+        line = block.line_of(key)
+        if host_vars:
+            for var, value in host_vars.items():
+                _check_var(host_vars, var, value, f"host '{key}'")
+        for name in names:
+            host = self.hosts.get(name)
+            if host is None:
+                host = self.hosts[name] = _HostDef(name, line)
+                if port:  # Ansible takes the port of a `name:port` key when it first sees the host
+                    host.vars["ansible_port"] = port
+                    host.origins["ansible_port"] = (block, key)
+            group.add_host(name)
+            if host_vars:
+                for var, value in host_vars.items():
+                    host.vars[var] = value
+                    host.origins[var] = (host_vars, var)
+
+    def finish(self) -> None:
+        """Ansible's reconcile step: top groups join `all`; hosts in no other group are `ungrouped`."""
+        for name, group in list(self.groups.items()):
+            if name != "all" and not group.parents:
+                self._link("all", name, None, None)
+        if not self.hosts:
+            raise ConfigError("the inventory defines no hosts", self.shown, 1)
+        ungrouped = self.groups["ungrouped"]
+        plain = {"all", "ungrouped"}
+        member_of: dict[str, set[str]] = {}
+        for group in self.groups.values():
+            for h in group.hosts:
+                member_of.setdefault(h, set()).add(group.name)
+        for h in self.hosts:
+            direct = member_of.get(h, set())
+            if direct - plain:
+                if "ungrouped" in direct:  # listed there and in a real group: Ansible takes it out
+                    ungrouped.hosts.remove(h)
+                    ungrouped.host_set.discard(h)
+            else:
+                ungrouped.add_host(h)
+
+
+def _did_you_mean(word: Any, choices: Sequence[Any]) -> str:
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _check_var(block: SourceMap, key: Any, value: Any, owner: str) -> None:
+    """Validate a connection var where it is written; refuse typos in sglfleet's own namespace."""
+    if not isinstance(key, str):
+        raise block.error(f"variable names must be strings, got {key!r} in {owner}", key)
+    convert = CONVERTERS.get(key)
+    if convert is not None:
+        if value is None:
+            return  # unset, as Ansible reads a null connection var
+        if isinstance(value, str) and ("{{" in value or "{%" in value):
+            raise block.error(f"'{key}' of {owner} is a Jinja template ({value!r}); sglfleet does not "
+                              "evaluate templates, and a connection setting must not be guessed", key)
+        try:
+            convert(value)
+        except ValueError as exc:
+            raise block.error(f"'{key}' of {owner} {exc} (got {value!r})", key) from None
+    elif key.startswith("sglfleet_") and key not in ("sglfleet_lab_gpu", "sglfleet_profile_overrides"):
+        raise block.error(f"unknown sglfleet setting {key!r} in {owner}{_did_you_mean(key, OWN_VARS)}; "
+                          f"sglfleet's settings are {', '.join(OWN_VARS)}", key)
+
+
+def _where(origin: tuple[SourceMap, Any] | None) -> str:
+    if origin is None:
+        return "?"
+    block, key = origin
+    return f"{block.path}:{block.line_of(key)}"
+
+
+# ---------------------------------------------------------------- the inventory
 
 
 class Inventory:
-    """Hosts and groups of one inventory file, with pattern selection."""
+    """Hosts and groups of one inventory file, with Ansible's pattern selection."""
 
-    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, set[str]]):
+    def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, _Group],
+                 depths: dict[str, int], implicit_vars: dict[str, Any] | None = None):
         self.path = path
-        self.hosts = hosts  # name -> Host, in file order
-        self.groups = groups  # group name -> host names (transitively), incl. 'all'
+        self.hosts = hosts  # name -> Host, in the order Ansible first sees them
+        self._groups = groups
+        self._depths = depths
+        self._implicit_vars = implicit_vars or {}
+        self._orders: dict[str, patterns.GroupOrder] = {}
+        self._members: dict[str, set[str]] | None = None
+        self._host_names: list[str] | None = None
         self.known_hosts_path = str(Path(path).with_suffix("")) + ".known_hosts"
+        self.notes: list[str] = []  # the notes of the last selection, also logged
+
+    # -- the PatternSource protocol
+    def has_host(self, name: str) -> bool:
+        return name in self.hosts
+
+    def host_names(self) -> Sequence[str]:
+        if self._host_names is None:
+            self._host_names = list(self.hosts)
+        return self._host_names
+
+    def group_names(self) -> Sequence[str]:
+        return list(self._groups)
+
+    def has_group(self, name: str) -> bool:
+        return name in self._groups
+
+    def first_localhost(self) -> str | None:
+        """The first host named localhost, 127.0.0.1 or ::1: Ansible's localhost when it has one."""
+        found = [n for n in patterns.LOCALHOST_NAMES if n in self.hosts]
+        order = {n: i for i, n in enumerate(self.hosts) if n in found} if len(found) > 1 else {}
+        return min(found, key=order.__getitem__) if len(found) > 1 else (found[0] if found else None)
+
+    def group_order(self, name: str) -> patterns.GroupOrder:
+        """The group's hosts as Ansible's Group.get_hosts lists them (see patterns.GroupOrder)."""
+        if name not in self._orders:
+            self._orders[name] = self._compute_order(name)
+        return self._orders[name]
+
+    def _compute_order(self, name: str) -> patterns.GroupOrder:
+        groups = self._groups
+        ordered = [name] + groups[name].children
+        seen = set(ordered)
+        level = [name] + groups[name].children
+        unfixed_at: int | None = None  # index into `ordered` where the unfixed part starts
+        while level:
+            contributions = []
+            for parent in level:
+                new = [c for c in groups[parent].children if c not in seen]
+                if new:
+                    contributions.append(new)
+            if len(contributions) > 1 and unfixed_at is None:
+                unfixed_at = len(ordered)
+            following: list[str] = []
+            for new in contributions:
+                for child in new:
+                    if child not in seen:
+                        seen.add(child)
+                        following.append(child)
+            ordered.extend(following)
+            level = following
+        names: list[str] = []
+        seen_hosts: set[str] = set()
+        unfixed_from: int | None = None
+        for index, group in enumerate(ordered):
+            if unfixed_at is not None and index == unfixed_at:
+                unfixed_from = len(names)
+            for h in groups[group].hosts:
+                if h not in seen_hosts:
+                    seen_hosts.add(h)
+                    names.append(h)
+        return patterns.GroupOrder(tuple(names), len(names) if unfixed_from is None else unfixed_from)
+
+    # -- the old view: group name -> host names (transitively), 'all' and 'ungrouped' included
+    @property
+    def groups(self) -> dict[str, set[str]]:
+        if self._members is None:
+            self._members = {g: set(self.group_order(g).names) for g in self._groups}
+        return self._members
 
     def select(self, pattern: str) -> list[Host]:
-        """Hosts matching an Ansible `--limit` pattern, in inventory order."""
-        names = match_pattern(pattern, self)
-        return [host for name, host in self.hosts.items() if name in names]
+        """The hosts `ansible PATTERN --list-hosts` lists, in its order; or a ConfigError (exit 2)."""
+        chosen = patterns.select(pattern, self)
+        hosts = [self.hosts[n] if n in self.hosts else self._implicit_localhost(n) for n in chosen.names]
+        for host in hosts:
+            if host.connection not in ("ssh", "local"):
+                origin = host.vars.get("ansible_connection")
+                raise ConfigError(f"host '{host.name}' has ansible_connection: {origin}; sglfleet connects "
+                                  "over SSH (ssh, paramiko, smart) or runs locally (local) only", self.path)
+        self.notes = _notes(hosts)
+        for note in self.notes:
+            log.warning("note: %s", note)
+        return hosts
+
+    def _implicit_localhost(self, name: str) -> Host:
+        """Ansible's implicit localhost: this machine, without SSH, with the `all` group's vars."""
+        merged = dict(self._implicit_vars)
+        merged.update({"ansible_connection": "local", "ansible_python_interpreter": sys.executable})
+        return Host(name=name, address="127.0.0.1", port=22, user=_local_user(), python=sys.executable,
+                    models_dir=str(merged.get("sglfleet_models_dir") or "/root/models"),
+                    connection="local", vars=merged)
+
+
+def _notes(hosts: list[Host]) -> list[str]:
+    """One line per kind of note, naming where it is first set and for which hosts."""
+    by_note: dict[str, tuple[str, list[str]]] = {}
+    for host in hosts:
+        for note, where in host.notes:
+            by_note.setdefault(note, (where, []))[1].append(host.name)
+    lines = []
+    for note, (where, names) in by_note.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        lines.append(f"{where}: {note} (hosts {shown})")
+    return lines
 
 
 # ---------------------------------------------------------------- loading
 
 
+def _local_user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return os.environ.get("USER") or "root"
+
+
+def _read_text_checked(path: str | Path, shown: str) -> None:
+    """Refuse a file that is not UTF-8 with the line of the first bad byte (YAML needs text)."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError("file not found", shown) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read file: {exc.strerror}", shown) from None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"the inventory is not UTF-8 text (byte 0x{raw[exc.start]:02x}); save it as "
+                          "UTF-8", shown, line) from None
+
+
 def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inventory:
     shown = str(path)
-    data = load_yaml(path, shown)
-    if data is None:
-        raise ConfigError("the inventory is empty; expected a mapping with an 'all' group", shown, 1)
-    if not isinstance(data, SourceMap):
-        raise ConfigError("the inventory must be a mapping of groups (e.g. 'all:')", shown, 1)
+    _read_text_checked(path, shown)
+    parser = _Parser(shown)
+    parser.document(load_yaml(path, shown))
+    parser.finish()
     inventory_dir = Path(path).resolve().parent
-
-    groups: dict[str, _Group] = {}
-    host_vars: dict[str, list[SourceMap]] = {}
-    host_order: list[str] = []
-
-    def walk(name: str, body: Any, where: SourceMap, key: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise where.error(f"group name must be a non-empty string, got {name!r}", key)
-        group = groups.setdefault(name, _Group(name, line=where.line_of(key)))
-        if body is None:
-            return
-        if not isinstance(body, SourceMap):
-            raise where.error(
-                f"group '{name}' must be a mapping with hosts/vars/children, got {type(body).__name__}", key)
-        for gkey in body:
-            if gkey not in GROUP_KEYS:
-                hint = _did_you_mean(gkey, GROUP_KEYS)
-                raise body.error(f"unknown key {gkey!r} in group '{name}'{hint}; "
-                                 f"a group has only {', '.join(GROUP_KEYS)}", gkey)
-        hosts = body.get("hosts")
-        if hosts is not None:
-            if not isinstance(hosts, SourceMap):
-                raise body.error(f"'hosts' of group '{name}' must be a mapping of host names", "hosts")
-            for host_name, hvars in hosts.items():
-                if not isinstance(host_name, str) or not host_name:
-                    raise hosts.error(f"host name must be a string, got {host_name!r}", host_name)
-                if hvars is not None and not isinstance(hvars, SourceMap):
-                    raise hosts.error(f"vars of host '{host_name}' must be a mapping", host_name)
-                if host_name not in host_vars:
-                    host_vars[host_name] = []
-                    host_order.append(host_name)
-                if hvars:
-                    _check_vars(hvars, f"host '{host_name}'")
-                    host_vars[host_name].append(hvars)
-                group.hosts.append(host_name)
-        gvars = body.get("vars")
-        if gvars is not None:
-            if not isinstance(gvars, SourceMap):
-                raise body.error(f"'vars' of group '{name}' must be a mapping", "vars")
-            _check_vars(gvars, f"group '{name}'")
-            group.vars.append(gvars)
-        children = body.get("children")
-        if children is not None:
-            if not isinstance(children, SourceMap):
-                raise body.error(f"'children' of group '{name}' must be a mapping of groups", "children")
-            for child_name, child_body in children.items():
-                if child_name == "all":
-                    raise children.error("'all' cannot be a child group", child_name)
-                group.children.append(child_name)
-                walk(child_name, child_body, children, child_name)
-
-    for top_name, top_body in data.items():
-        walk(top_name, top_body, data, top_name)
-    all_group = groups.setdefault("all", _Group("all", line=1))
-    for name in groups:
-        if name != "all" and name not in all_group.children:
-            all_group.children.append(name)
-
-    depth = _group_depths(groups, shown)
-    members = {name: _members(name, groups, {}) for name in groups}
-    members["all"] = set(host_order)
-
-    if not host_order:
-        raise ConfigError("the inventory defines no hosts", shown, data.line)
-
+    depths = _group_depths(parser.groups)
     ssh_config = _load_ssh_config(ssh_config_path)
+    local_user = _local_user()
+
+    ancestors: dict[str, frozenset[str]] = {}
+
+    def closure(group: str) -> frozenset[str]:
+        if group not in ancestors:
+            result = {group}
+            for parent in parser.groups[group].parents:
+                result |= closure(parent)
+            ancestors[group] = frozenset(result)
+        return ancestors[group]
+
+    direct: dict[str, list[str]] = {}
+    for group in parser.groups.values():
+        for h in group.hosts:
+            direct.setdefault(h, []).append(group.name)
+    layered: dict[frozenset[str], tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = {}
+
+    def group_layers(member_of: frozenset[str]):
+        if member_of not in layered:
+            ordered = sorted(member_of, key=lambda g: (depths[g], parser.groups[g].priority, g))
+            merged: dict[str, Any] = {}
+            origins: dict[str, Any] = {}
+            for g in ordered:  # deeper, higher-priority, later-named groups win
+                merged.update(parser.groups[g].vars)
+                origins.update(parser.groups[g].origins)
+            layered[member_of] = (tuple(g for g in ordered if g != "all"), merged, origins)
+        return layered[member_of]
+
     hosts: dict[str, Host] = {}
-    for host_name in host_order:
-        host_groups = sorted((g for g, m in members.items() if host_name in m and g != "all"),
-                             key=lambda g: (depth[g], g))
-        layers: list[SourceMap] = list(groups["all"].vars)
-        for g in host_groups:
-            layers.extend(groups[g].vars)
-        layers.extend(host_vars[host_name])
-        hosts[host_name] = _build_host(host_name, layers, tuple(host_groups), ssh_config, inventory_dir, shown)
-    return Inventory(shown, hosts, members)
+    for name, definition in parser.hosts.items():
+        member_of = frozenset().union(*(closure(g) for g in direct.get(name, ()))) | {"all"}
+        group_names, merged, origins = group_layers(member_of)
+        merged = {**merged, **definition.vars}  # host vars over group vars
+        origins = {**origins, **definition.origins}
+        hosts[name] = _build_host(name, merged, origins, group_names, ssh_config, inventory_dir, local_user,
+                                  shown)
+    if os.path.exists(str(Path(path).with_suffix("")) + ".known_hosts"):
+        KnownHosts(str(Path(path).with_suffix("")) + ".known_hosts").validate()
+    return Inventory(shown, hosts, parser.groups, depths, dict(parser.groups["all"].vars))
 
 
-def _did_you_mean(word: Any, choices: Any) -> str:
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.75)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+def _group_depths(groups: dict[str, _Group]) -> dict[str, int]:
+    """Each group's longest distance from `all` (Ansible's Group.depth); loops were refused earlier."""
+    depth: dict[str, int] = {}
+    order: list[str] = []
+    state: dict[str, int] = {}
 
-
-def _check_vars(block: SourceMap, owner: str) -> None:
-    """Reject likely typos of connection vars; other vars are the user's own."""
-    for key, value in block.items():
-        if not isinstance(key, str):
-            raise block.error(f"variable names must be strings, got {key!r} in {owner}", key)
-        if key in KNOWN_VARS:
-            ours = ANSIBLE_ALIASES.get(key, key)
-            try:
-                CONNECTION_VARS[ours][1](value)
-            except ValueError as exc:
-                raise block.error(f"'{key}' of {owner} {exc} (got {value!r})", key) from None
-            continue
-        hint = _did_you_mean(key, KNOWN_VARS)
-        if hint:
-            raise block.error(f"unknown key {key!r} in {owner}{hint}", key)
-
-
-def _group_depths(groups: dict[str, _Group], shown: str) -> dict[str, int]:
-    depth = {"all": 0}
-    stack: list[tuple[str, int, tuple[str, ...]]] = [("all", 0, ())]
-    while stack:
-        name, d, path = stack.pop()
-        for child in groups[name].children:
-            if child in path or child == name:
-                raise ConfigError(f"group '{child}' is its own ancestor ({' -> '.join(path + (name, child))})",
-                                  shown, groups[child].line)
-            if depth.get(child, -1) < d + 1:
-                depth[child] = d + 1
-                stack.append((child, d + 1, path + (name,)))
+    def visit(name: str) -> None:  # a topological order, children after all their parents
+        stack = [(name, iter(groups[name].children))]
+        state[name] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                order.append(node)
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter(groups[child].children)))
+    visit("all")
+    for name in groups:  # unreachable groups cannot exist after finish(); kept safe anyway
+        if name not in state:
+            visit(name)
+    for name in reversed(order):
+        parents = groups[name].parents
+        depth[name] = max((depth[p] + 1 for p in parents if p in depth), default=0)
     return depth
-
-
-def _members(name: str, groups: dict[str, _Group], memo: dict[str, set[str]]) -> set[str]:
-    if name in memo:
-        return memo[name]
-    result = set(groups[name].hosts)
-    for child in groups[name].children:
-        if child != "all":
-            result |= _members(child, groups, memo)
-    memo[name] = result
-    return result
 
 
 def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
@@ -273,33 +624,105 @@ def _load_ssh_config(path: str | None) -> paramiko.SSHConfig:
     return paramiko.SSHConfig()
 
 
-def _build_host(name: str, layers: list[SourceMap], groups: tuple[str, ...],
-                ssh_config: paramiko.SSHConfig, inventory_dir: Path, shown: str) -> Host:
-    # Deeper layers win; within one layer our name wins over its Ansible alias.
-    settings: dict[str, Any] = {}
-    free_vars: dict[str, Any] = {}
-    for layer in layers:
-        for ours, (alias, convert) in CONNECTION_VARS.items():
-            if ours in layer:
-                settings[ours] = convert(layer[ours])
-            elif alias is not None and alias in layer:
-                settings[ours] = convert(layer[alias])
-        free_vars.update({k: v for k, v in layer.items() if k not in KNOWN_VARS})
-    free_vars.update(settings)
+def _first(merged: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:
+    for name in names:
+        value = merged.get(name)
+        if value is not None:
+            return name, value
+    return None, None
 
-    ssh = ssh_config.lookup(name)
-    address = settings.get("address") or ssh.get("hostname") or name
-    port = settings.get("port") or _as_port(ssh.get("port", 22))
-    user = settings.get("user") or ssh.get("user") or "root"
+
+def _jump_from_ssh_args(args: str) -> tuple[str | None, list[str]]:
+    """ProxyJump from `ansible_ssh_common_args`/`_extra_args`, and the options sglfleet ignores."""
+    try:
+        words = shlex.split(args)
+    except ValueError:
+        return None, [args]
+    jump, ignored = None, []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        option = None
+        if word == "-J" and i + 1 < len(words):
+            jump, i = words[i + 1], i + 2
+            continue
+        if word.startswith("-J") and len(word) > 2:
+            jump, i = word[2:], i + 1
+            continue
+        if word == "-o" and i + 1 < len(words):
+            option, i = words[i + 1], i + 2
+        elif word.startswith("-o") and len(word) > 2:
+            option, i = word[2:], i + 1
+        else:
+            ignored.append(word)
+            i += 1
+            continue
+        key, _, value = option.replace("=", " ", 1).partition(" ")
+        if key.lower() == "proxyjump":
+            jump = value.strip()
+        elif key.lower() in ("stricthostkeychecking", "userknownhostsfile", "controlmaster", "controlpath",
+                             "controlpersist", "serveraliveinterval", "serveralivecountmax"):
+            continue  # sglfleet's own host key policy and keepalives stand in for these
+        else:
+            ignored.append(f"-o {option}")
+    return jump, ignored
+
+
+def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], groups: tuple[str, ...],
+                ssh_config: paramiko.SSHConfig, inventory_dir: Path, local_user: str, shown: str) -> Host:
+    settings: dict[str, Any] = {}
+    for setting, (names, convert) in CONNECTION_VARS.items():
+        var, value = _first(merged, names)
+        if var is not None:
+            settings[setting] = convert(value)  # validated where written; cannot fail here
+    notes: list[str] = []
+    for var, reason in UNUSED_VARS.items():
+        if merged.get(var) not in (None, False, ""):
+            notes.append((f"{var} is not used: {reason}", _where(origins.get(var))))
+    for former, now in FORMER_NAMES.items():
+        if former in merged and now not in merged:
+            notes.append((f"'{former}' is an ordinary variable, as in Ansible; sglfleet reads {now} "
+                          "(rename it if it was meant for sglfleet)", _where(origins.get(former))))
+
+    connection = settings.get("connection", "ssh")
+    if connection in SSH_CONNECTIONS:
+        connection = "ssh"
+    elif connection in LOCAL_CONNECTIONS:
+        connection = "local"
+    address = settings.get("address") or name
+    ssh = ssh_config.lookup(address)
+    if "address" not in settings and ssh.get("hostname"):
+        address = ssh["hostname"]
+    try:
+        port = settings.get("port") or _as_port(ssh.get("port", 22))
+    except ValueError:
+        raise ConfigError(f"host '{name}': ~/.ssh/config gives Port {ssh.get('port')!r}, not a port number",
+                          shown) from None
+    user = settings.get("user") or ssh.get("user") or local_user
     if "identity_file" in settings:
         identity = (settings["identity_file"],)
     else:
         identity = tuple(ssh.get("identityfile", ()))
     identity = tuple(str((inventory_dir / os.path.expanduser(p)).resolve()) for p in identity)
-    proxy_jump = settings.get("proxy_jump") or ssh.get("proxyjump")
-    if proxy_jump and "," in proxy_jump:
-        raise ConfigError(f"host '{name}': proxy_jump with several hops ({proxy_jump}) is not supported; "
-                          "chain them in ~/.ssh/config instead", shown)
+    proxy_jump = settings.get("proxy_jump")
+    if proxy_jump is None and "ssh_args" in settings:
+        var, args = _first(merged, CONNECTION_VARS["ssh_args"][0])
+        proxy_jump, ignored = _jump_from_ssh_args(args)
+        if proxy_jump is not None:
+            try:
+                _as_jump(proxy_jump)
+            except ValueError as exc:
+                raise ConfigError(f"host '{name}': ProxyJump in {var} {exc} (got {proxy_jump!r})", shown) from None
+        if ignored:
+            notes.append((f"{var}: sglfleet uses ProxyJump only and ignores {' '.join(ignored)}",
+                          _where(origins.get(var))))
+    if proxy_jump is None and ssh.get("proxyjump"):
+        proxy_jump = ssh["proxyjump"]
+        try:
+            _as_jump(proxy_jump)
+        except ValueError as exc:
+            raise ConfigError(f"host '{name}': ProxyJump in ~/.ssh/config {exc} (got {proxy_jump!r})",
+                              shown) from None
     return Host(
         name=name,
         address=str(address),
@@ -312,75 +735,15 @@ def _build_host(name: str, layers: list[SourceMap], groups: tuple[str, ...],
         host_key_policy=settings.get("host_key_policy", "strict"),
         connect_timeout=settings.get("connect_timeout", 10.0),
         groups=groups,
-        vars=free_vars,
+        vars=merged,
+        connection=connection,
+        notes=tuple(notes),
     )
 
 
-# ---------------------------------------------------------------- patterns
-
-_SPLIT = re.compile(r"[,:]")
-
-
 def match_pattern(pattern: str, inventory: Inventory) -> set[str]:
-    """Ansible `--limit` semantics: unions first, then `&` intersections, then `!` exclusions.
-
-    Terms are separated by `,` or `:`. A term is a host, a group, `all`/`*`, a glob
-    (`ct1*`), or `~regex`. A term that matches nothing is an error, so that a typo in a
-    group name cannot silently shrink a rollout.
-    """
-    if not pattern or not pattern.strip():
-        raise ConfigError("empty host pattern; use 'all' for every host", inventory.path)
-    terms = [t.strip() for t in _SPLIT.split(pattern) if t.strip()]
-    union: set[str] = set()
-    intersections: list[set[str]] = []
-    exclusions: set[str] = set()
-    saw_union = False
-    for term in terms:
-        if term.startswith("!"):
-            exclusions |= _match_term(term[1:], inventory)
-        elif term.startswith("&"):
-            intersections.append(_match_term(term[1:], inventory))
-        else:
-            saw_union = True
-            union |= _match_term(term, inventory)
-    if not saw_union:  # e.g. '!ct130' alone means all hosts but ct130, as in Ansible
-        union = set(inventory.hosts)
-    for inter in intersections:
-        union &= inter
-    union -= exclusions
-    if not union:
-        raise ConfigError(f"host pattern '{pattern}' matches no host", inventory.path)
-    return union
-
-
-def _match_term(term: str, inventory: Inventory) -> set[str]:
-    if not term:
-        raise ConfigError("empty term in host pattern", inventory.path)
-    if term in ("all", "*"):
-        return set(inventory.hosts)
-    if term in inventory.groups:
-        return set(inventory.groups[term])
-    if term in inventory.hosts:
-        return {term}
-    found: set[str] = set()
-    if term.startswith("~"):
-        try:
-            regex = re.compile(term[1:])
-        except re.error as exc:
-            raise ConfigError(f"bad regex in host pattern '{term}': {exc}", inventory.path) from None
-        found |= {h for h in inventory.hosts if regex.search(h)}
-        for g, members in inventory.groups.items():
-            if regex.search(g):
-                found |= members
-    elif any(ch in term for ch in "*?["):
-        found |= {h for h in inventory.hosts if fnmatch.fnmatchcase(h, term)}
-        for g, members in inventory.groups.items():
-            if fnmatch.fnmatchcase(g, term):
-                found |= members
-    if not found:
-        hint = _did_you_mean(term, list(inventory.hosts) + list(inventory.groups))
-        raise ConfigError(f"'{term}' is not a host or group in this inventory{hint}", inventory.path)
-    return found
+    """The names of the hosts a pattern selects (kept for callers of the old API)."""
+    return {h.name for h in inventory.select(pattern)}
 
 
 def default_inventory_path(repo_root: Path | None = None) -> str | None:
@@ -391,3 +754,4 @@ def default_inventory_path(repo_root: Path | None = None) -> str | None:
     root = repo_root or Path.cwd()
     lab = root / "inventory" / "lab.yaml"
     return str(lab) if lab.exists() else None
+
