@@ -54,6 +54,11 @@ def test_seed_profile_renders_hybrid_companions_with_their_sources():
     sources = {f.name: f.source for f in rendered.flags}
     assert sources["--speculative-ddtree-budget"].endswith("qwen36-ddtree.yaml:13 (speculative.ddtree.budget)")
     assert sources["--mamba-full-memory-ratio"].startswith("hybrid rule (hybrid: auto; Qwen3_5ForConditionalGeneration")
+    for companion in ("--mamba-radix-cache-strategy", "--mamba-full-memory-ratio",
+                      "--speculative-ddtree-allow-hybrid-unsafe"):
+        assert sources[companion].startswith("hybrid rule (hybrid: auto; Qwen3_5ForConditionalGeneration has 12 "
+                                             "linear-attention layers)"), companion
+        assert sources[companion].endswith("qwen36-ddtree.yaml:18 (hybrid)"), sources[companion]
 
 
 # Every flag the hybrid rule can add, under either name of the renamed strategy flag.

@@ -33,6 +33,10 @@ FIRST_HOST_NUMBER = 129
 MAX_HOSTS = 254
 SSHD = "/usr/sbin/sshd"
 HOSTINIT = Path(__file__).with_name("hostinit.py")
+# On lab hosts the server is the stand-in (no GPU, no weights): it validates the argv with the
+# real SGLang and serves SGLang's HTTP API (see sim_server.py). The launch script says so.
+SIM_SERVER = "/usr/local/bin/sglfleet-sim-server"
+SIM_SERVER_LABEL = "LAB SIMULATION: sglfleet-sim-server stands in for python -m sglang.launch_server"
 
 # Per-host overlay targets; each is lower = [base copy if any, the real directory].
 OVERLAY_TARGETS = ("/root", "/var/lib", "/var/log", "/etc/systemd", "/usr/local/bin")
