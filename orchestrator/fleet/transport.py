@@ -22,7 +22,7 @@ import fabric
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from ..errors import ConnectError, HostKeyError, LoopbackOnlyError
+from ..errors import ConfigError, ConnectError, HostKeyError, LoopbackOnlyError
 from .hostkeys import KnownHosts, changed_key_error, known_hosts_name, make_policy
 from .inventory import Host
 from .safety import check_target
@@ -255,6 +255,8 @@ def _parse_jump(spec: str, target: Host) -> Host:
     """`[user@]host[:port]` as in OpenSSH's ProxyJump."""
     user, _, rest = spec.rpartition("@")
     address, _, port = rest.partition(":")
+    if not address or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
+        raise ConfigError(f"{target.name}: proxy jump {spec!r} is not [user@]host[:port]")
     return Host(name=f"jump:{spec}", address=address, port=int(port) if port else 22,
                 user=user or target.user, identity_files=target.identity_files,
                 host_key_policy=target.host_key_policy, connect_timeout=target.connect_timeout)

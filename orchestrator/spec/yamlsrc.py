@@ -64,11 +64,18 @@ def load_yaml(path: str | Path, display: str | None = None) -> Any:
     """Load one YAML document; syntax errors become ConfigError with file:line."""
     shown = display or str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise ConfigError("file not found", shown) from None
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror}", shown) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        column = exc.start - raw.rfind(b"\n", 0, exc.start)
+        raise ConfigError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}); save the file as "
+                          "UTF-8", shown, line) from None
     loader_cls = type("_BoundLoader", (_Loader,), {"source_path": shown})
     try:
         return yaml.load(text, Loader=loader_cls)  # noqa: S506 - SafeLoader subclass
