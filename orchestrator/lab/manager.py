@@ -156,7 +156,22 @@ class Lab:
         self._save(hosts)
         self._wait_ready(started)
         self._write_inventory(hosts)
+        self._add_server_vars(hosts)
         return hosts
+
+    def _add_server_vars(self, hosts: list[LabHost]) -> None:
+        """What a lab host's server needs on top of the inventory `_write_inventory` wrote:
+        its own bind address (hosts share one network namespace: 0.0.0.0 would take the port on
+        every lab address) and the stand-in that runs instead of SGLang's launch_server."""
+        text = self.inventory_path.read_text()
+        header = "".join(line for line in text.splitlines(True) if line.startswith("#"))
+        doc = yaml.safe_load(text)
+        for host in hosts:
+            entry = doc["all"]["hosts"].setdefault(host.name, {}) or {}
+            entry.update(server_bind=host.address, server_command=[SIM_SERVER],
+                         server_command_label=SIM_SERVER_LABEL)
+            doc["all"]["hosts"][host.name] = entry
+        self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
     def _ensure_client_key(self) -> None:
         if not self.key_path.exists():
@@ -222,11 +237,15 @@ class Lab:
 
     def _write_inventory(self, hosts: list[LabHost]) -> None:
         names = [h.name for h in hosts]
+        # Ansible's connection vars (an `ansible` run against this file reaches the same hosts);
+        # sglfleet's own settings carry the sglfleet_ prefix; lab_gpu is read by `smoke`.
         doc = {"all": {
-            "vars": {"user": "root", "identity_file": str(self.key_path),
-                     "python": "/root/ml-env/bin/python3", "models_dir": "/root/models",
-                     "host_key_policy": "strict", "connect_timeout": 5},
-            "hosts": {h.name: {"address": h.address, "port": h.port, "lab_gpu": h.gpu} for h in hosts},
+            "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(self.key_path),
+                     "ansible_python_interpreter": "/root/ml-env/bin/python3",
+                     "sglfleet_models_dir": "/root/models", "sglfleet_host_key_policy": "strict",
+                     "ansible_timeout": 5},
+            "hosts": {h.name: {"ansible_host": h.address, "ansible_port": h.port, "lab_gpu": h.gpu}
+                      for h in hosts},
             "children": {"gpu-fleet": {"hosts": {n: None for n in names}},
                          "lab": {"hosts": {n: None for n in names}}},
         }}

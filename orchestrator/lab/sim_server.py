@@ -80,11 +80,14 @@ def validate(argv, gpu):
 def resolved_view(args):
     # 0.5.23's ServerArgs keeps its fields in __slots__; older versions in the instance dict.
     names = set(getattr(type(args), "__slots__", ())) | set(getattr(args, "__dict__", {}))
+    # The values validation resolved (e.g. the draft token count) where SGLang keeps them apart.
+    resolved = args.resolved_dict() if hasattr(args, "resolved_dict") else {}
+    names |= set(resolved)
     out = {}
     for key in sorted(names):
         if key.startswith("_"):
             continue
-        value = getattr(args, key, None)
+        value = resolved[key] if key in resolved else getattr(args, key, None)
         try:
             json.dumps(value)
             out[key] = value
@@ -118,6 +121,12 @@ def is_hybrid(args):
     return "linear_attention" in (text.get("layer_types") or [])
 
 
+def simulated_scheduler_step(delay):
+    """Raises as a CUDA fault in a forward pass would (lab simulation: SGLFLEET_SIM_CRASH_AFTER)."""
+    raise RuntimeError("CUDA error: an illegal memory access was encountered "
+                       "(lab simulation: crash after %.1fs, as asked)" % delay)
+
+
 class SimServer:
     def __init__(self, args, gpu, argv):
         self.args = args
@@ -149,9 +158,14 @@ class SimServer:
         delay = env_float("SGLFLEET_SIM_CRASH_AFTER", 0.0)
         if delay > 0:
             time.sleep(delay)
-            sys.stderr.write("RuntimeError: CUDA error: an illegal memory access was encountered "
-                             "(lab simulation: crash after %.1fs, as asked)\n" % delay)
-            sys.stderr.flush()
+            try:
+                simulated_scheduler_step(delay)
+            except RuntimeError:
+                # SGLang's scheduler logs this, then SIGQUITs its parent, which ends the tree.
+                log.error("Scheduler hit an exception: %s", traceback.format_exc())
+            log.error("Received sigquit from a child process. It usually means the child failed.")
+            logging.shutdown()
+            sys.stdout.flush()
             os._exit(1)
 
     def decode_logger(self):

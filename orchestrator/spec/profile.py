@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .artifacts import Extension, load_extension
 from ..data import data_dir
@@ -18,6 +18,17 @@ from ..errors import ConfigError
 from .patchset import Patchset, load_patchset
 from .yamlsrc import SourceMap, load_model
 
+# A profile name becomes a file name, a systemd unit name and shell text on hosts: a safe slug.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# An env file key is a shell variable name (sourced with `set -a; .`) and a systemd one.
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _no_nul(value: str, what: str) -> str:
+    # NUL cannot travel in an argv, an env file or a unit; everything else is quoted per format.
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL character")
+    return value
 
 
 class ExtensionRef(BaseModel):
@@ -35,32 +46,63 @@ class ArtifactsRef(BaseModel):
 
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    path: str
+    path: str = Field(min_length=1)
     served_name: str | None = None
+
+    @field_validator("path", "served_name")
+    @classmethod
+    def _text(cls, value: str | None) -> str | None:
+        return value if value is None else _no_nul(value, "the value")
 
 
 class DDTreeSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    budget: int = 64
-    topk_cap: int | None = None
+    # The tree's node budget and the per-node top-k cap: positive, and the cap within the budget.
+    budget: int = Field(64, ge=1, le=4096)
+    topk_cap: int | None = Field(None, ge=1)
     shadow_linear: bool = False
+
+    @model_validator(mode="after")
+    def _cap_within_budget(self) -> "DDTreeSettings":
+        if self.topk_cap is not None and self.topk_cap > self.budget:
+            raise ValueError(f"topk_cap ({self.topk_cap}) cannot exceed budget ({self.budget})")
+        return self
 
 
 class Speculative(BaseModel):
     model_config = ConfigDict(extra="forbid")
     algorithm: Literal["DDTREE", "DFLASH"]
-    draft_model: str
-    block_size: int | None = None
+    draft_model: str = Field(min_length=1)
+    block_size: int | None = Field(None, ge=1, le=1024)
     ddtree: DDTreeSettings | None = None
+
+    @field_validator("draft_model")
+    @classmethod
+    def _text(cls, value: str) -> str:
+        return _no_nul(value, "draft_model")
 
 
 class Server(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    host: str = "127.0.0.1"
-    port: int = 30000
-    tp: int = 1
-    mem_fraction: float | None = None
+    host: str = Field("127.0.0.1", min_length=1)
+    port: int = Field(30000, ge=1, le=65535)
+    tp: int = Field(1, ge=1, le=1024)
+    mem_fraction: float | None = Field(None, gt=0, le=1)
     extra_args: list[str] = []
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if any(c.isspace() for c in value) or "\0" in value:
+            raise ValueError(f"server.host must be one address, got {value!r}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            _no_nul(arg, "an extra_args entry")
+        return value
 
 
 class ProfileModel(BaseModel):
@@ -80,6 +122,29 @@ class ProfileModel(BaseModel):
     server: Server = Server()
     env: dict[str, str] = {}
     artifacts: ArtifactsRef = ArtifactsRef()
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        import re
+
+        if isinstance(value, str) and not re.match(NAME_PATTERN, value):
+            raise ValueError(f"profile name {value!r} must be a safe slug (letters, digits, '.', '_', '-'; "
+                             "starting with a letter or digit; at most 63 characters): it names files, a "
+                             "systemd unit and shell text on hosts")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key, item in value.items():
+            if not re.match(ENV_KEY_PATTERN, key):
+                raise ValueError(f"env key {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*): the env "
+                                 "file is sourced by a shell and read by systemd")
+            _no_nul(item, f"env {key}")
+        return value
 
     # Top-level keys that were renamed: old -> new (the error for the old one names the new).
     RENAMED_KEYS: ClassVar[dict[str, str]] = {"deploy": "artifacts"}
@@ -158,6 +223,9 @@ def with_overrides(profile: Profile, overrides: dict[str, Any] | None, where: st
     """The profile with the inventory's `profile_overrides` for it applied (see README: precedence)."""
     if not overrides:
         return profile
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"profile_overrides for {profile.name} from {where} must be a mapping of profile keys "
+                          f"(e.g. server: {{port: 30001}}), got a {type(overrides).__name__}")
     merged = merge(profile.model.model_dump(), overrides)
     try:
         model = ProfileModel.model_validate(merged)

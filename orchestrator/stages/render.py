@@ -3,11 +3,21 @@
     server facts (one round trip: SGLang version + accepted flags, model/draft config, GPUs)
     -> rules (profile values, the hybrid rule, extra args) -> flags with their source
     -> checked against the flags the host's SGLang accepts -> templates/*.j2
+
+Host vars that change what runs (inventory; `lab up` writes both for lab hosts):
+    server_bind     the address this host's server binds, over the profile's server.host
+    server_command  what runs instead of `PYTHON -m sglang.launch_server` (a list or a string),
+                    e.g. the lab's stand-in; shown as such in the launch script and in `render`
+
+Every value reaches the files through one filter per format: `shell_quote`/`shell_join` (the
+launch script and the env file, which a shell and systemd's EnvironmentFile both read),
+`systemd_exec`/`systemd_text` (the unit), `comment` (one line of a comment, in any of them).
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +39,8 @@ RENAMED = {
                                    "extra_buffer) are the same"),
 }
 HYBRID_MEMORY_RATIO = "0.5"
+WILDCARD_BINDS = ("0.0.0.0", "::", "[::]")
+SGLANG_LAUNCHER = ("-m", "sglang.launch_server")
 
 
 class RenderError(SglfleetError):
@@ -54,6 +66,12 @@ class Rendered:
     flags: list[Flag]
     env: dict[str, str]
     facts: dict[str, Any] = field(repr=False)
+    # What runs the flags: [python, -m, sglang.launch_server] unless the inventory's
+    # server_command says otherwise (the lab's stand-in), with where that came from.
+    launcher: list[str] | None = None
+    launcher_source: str = "SGLang (python -m sglang.launch_server)"
+    bind: str = "127.0.0.1"
+    port: int = 30000
 
     @property
     def argv(self) -> list[str]:
@@ -61,14 +79,15 @@ class Rendered:
 
     @property
     def command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", *self.argv]
+        return [*(self.launcher or [self.python, *SGLANG_LAUNCHER]), *self.argv]
 
     def template(self, name: str, **extra: Any) -> str:
         return environment().get_template(name).render(r=self, **extra)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "profile": self.profile, "command": self.command,
-                "command_line": shlex.join(self.command), "env": self.env,
+                "command_line": shlex.join(self.command), "env": self.env, "launcher": self.launcher_source,
+                "bind": self.bind, "port": self.port,
                 "flags": [{"flag": f.name, "values": f.values, "source": f.source} for f in self.flags],
                 "sglang": self.facts["sglang"].get("version"),
                 "model": self.facts.get("model"), "draft": self.facts.get("draft")}
@@ -80,7 +99,51 @@ def environment() -> jinja2.Environment:
     # The one place values become shell text: each argument quoted exactly once.
     env.filters["shell_join"] = shlex.join
     env.filters["shell_quote"] = shlex.quote
+    env.filters["systemd_exec"] = systemd_exec
+    env.filters["systemd_text"] = systemd_text
+    env.filters["comment"] = comment
+    env.filters["env_key"] = env_key
     return env
+
+
+def env_key(key: str) -> str:
+    # The profile schema checks keys too; a template never writes one that could run as code.
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise RenderError(f"env key {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    return key
+
+
+def comment(value: Any) -> str:
+    """Free text on one comment line of any of the files: line breaks and other control
+    characters are shown escaped, so text can never end the comment and become a line of its own."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(value))
+
+
+def systemd_exec(argv: list[str]) -> str:
+    """An ExecStart= command line: each word in double quotes with systemd's C-style escapes,
+    `%` doubled (specifiers) and `$` doubled (variable expansion); see systemd.service(5)."""
+    return " ".join(_systemd_word(word) for word in argv)
+
+
+def _systemd_word(word: str) -> str:
+    out = []
+    for c in word:
+        if c in '\\"':
+            out.append("\\" + c)
+        elif c == "%":
+            out.append("%%")
+        elif c == "$":
+            out.append("$$")
+        elif not c.isprintable() or c in "\t\n":
+            out.append("".join(f"\\x{b:02x}" for b in c.encode("utf-8")))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def systemd_text(value: Any) -> str:
+    """A free-text setting (Description=): specifiers doubled, control characters escaped."""
+    return comment(value).replace("%", "%%")
 
 
 def server_facts(conn: Any, profile: Profile) -> dict[str, Any]:
@@ -113,9 +176,18 @@ class _Sources:
         return f"{where} ({dotted})"
 
 
-def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: str = "inventory") -> Rendered:
-    overrides = (host.vars.get("profile_overrides") or {}).get(profile.name)
+def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: str = "inventory",
+           check_flags: bool = True) -> Rendered:
+    """The launch command and files for `host`. `check_flags=False` skips the check against the
+    flags the host's SGLang accepts NOW: deploy renders before it pushes the patchset that adds
+    flags, and the smoke probe then runs SGLang's own parser on the pushed code."""
+    all_overrides = host.vars.get("profile_overrides") or {}
     where = f"{inventory_path} ({host.name})"
+    if not isinstance(all_overrides, dict):
+        raise RenderError(f"{where}: profile_overrides must map profile names to overrides "
+                          f"(profile_overrides: {{{profile.name}: {{server: {{port: 30001}}}}}}), "
+                          f"got a {type(all_overrides).__name__}")
+    overrides = all_overrides.get(profile.name)
     profile = with_overrides(profile, overrides, where)
     src = _Sources(profile, overrides, where)
     p = profile.model
@@ -128,10 +200,17 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
     if not model.get("exists"):
         raise RenderError(f"{host.name}: model path {p.model.path} does not exist on the host "
                           f"(from {src('model', 'path')})")
+    draft = facts.get("draft")
+    if p.speculative and draft is not None and not draft.get("exists"):
+        raise RenderError(f"{host.name}: draft model {p.speculative.draft_model} does not exist on the host "
+                          f"(from {src('speculative', 'draft_model')}); copy the draft there or fix "
+                          "speculative.draft_model (SGLang would read the path as a Hugging Face repo id and "
+                          "fail with an unrelated 'Repo id' error)")
+    bind, bind_source = _bind(host, p, src, inventory_path)
     flags = [Flag("--model-path", [p.model.path], src("model", "path"))]
     if p.model.served_name:
         flags.append(Flag("--served-model-name", [p.model.served_name], src("model", "served_name")))
-    flags += [Flag("--host", [p.server.host], src("server", "host")),
+    flags += [Flag("--host", [bind], bind_source),
               Flag("--port", [str(p.server.port)], src("server", "port")),
               Flag("--tp-size", [str(p.server.tp)], src("server", "tp"))]
     if p.server.mem_fraction is not None:
@@ -154,8 +233,36 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
                                   src("speculative", "ddtree", "shadow_linear")))
     flags += _hybrid_flags(p, model, sglang.get("options") or [], src)
     flags += _extra_flags(p.server.extra_args, src("server", "extra_args"))
-    _check_known(host.name, flags, sglang)
-    return Rendered(host.name, p.name, host.python, flags, dict(p.env), facts)
+    if check_flags:
+        _check_known(host.name, flags, sglang)
+    launcher, launcher_source = _launcher(host, inventory_path)
+    return Rendered(host.name, p.name, host.python, flags, dict(p.env), facts, launcher, launcher_source, bind,
+                    p.server.port)
+
+
+def _bind(host: Host, p: Any, src: _Sources, inventory_path: str) -> tuple[str, str]:
+    """The address the server binds: the host's server_bind over the profile's server.host.
+    Lab hosts share one network namespace, so a wildcard bind there is refused."""
+    bind, source = p.server.host, src("server", "host")
+    if host.vars.get("server_bind"):
+        bind, source = str(host.vars["server_bind"]), f"{inventory_path} ({host.name}: server_bind)"
+    if "lab_gpu" in host.vars and bind in WILDCARD_BINDS:
+        raise RenderError(f"{host.name} is a lab host and would bind {bind} (from {source}): lab hosts share one "
+                          f"network namespace, so {bind}:{p.server.port} would take the port on every lab address "
+                          f"at once. Each lab host binds its own address: set server_bind: {host.address} on it "
+                          f"(`sglfleet lab up` writes it; an inventory from an older lab lacks it)")
+    return bind, source
+
+
+def _launcher(host: Host, inventory_path: str) -> tuple[list[str] | None, str]:
+    command = host.vars.get("server_command")
+    if not command:
+        return None, "SGLang (python -m sglang.launch_server)"
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise RenderError(f"{inventory_path} ({host.name}): server_command is empty")
+    label = str(host.vars.get("server_command_label") or "server_command")
+    return argv, f"{inventory_path} ({host.name}: server_command): {label}"
 
 
 def _hybrid_flags(p: Any, model: dict[str, Any], options: list[str], src: _Sources) -> list[Flag]:

@@ -1,0 +1,238 @@
+"""`deploy`, `status`, `stop`: the profile's server on hosts (stages.deploy does the work)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from ..errors import ConfigError, RemoteError
+from ..fleet.group import Group, GroupResult, TaskOutcome
+from ..spec.profile import load_profile
+from ..stages import deploy as stage
+from ..stages.health import DEFAULT_TIMEOUTS
+from . import output
+from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
+                     host_key_policy, inventory)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(deploy)
+    app.command()(status)
+    app.command()(stop)
+
+
+def _run(inv: Any, pattern: str, task: Callable[[Any, Callable[[str], None]], Any], label: str, forks: int,
+         policy: Optional[str], quiet: bool) -> GroupResult:
+    """common.run_group, with a per-host `note(text)` for live step progress."""
+    group = Group.from_inventory(inv, pattern, forks=forks, host_key_policy=host_key_policy(policy))
+    progress = output.Progress([h.name for h in group.hosts], label, enabled=not quiet)
+    group.progress = progress
+    with group, progress:
+        return group.run(lambda conn: task(conn, lambda text: progress(conn.host.name, "running", text)), label)
+
+
+def _timeouts(load_timeout: Optional[float], health_timeout: Optional[float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if load_timeout is not None:
+        if load_timeout <= 0:
+            raise ConfigError(f"--load-timeout must be positive seconds, got {load_timeout}")
+        out["port"] = load_timeout
+    if health_timeout is not None:
+        if health_timeout <= 0:
+            raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
+        out.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
+    return out
+
+
+def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: Optional[str] = InventoryOpt,
+           forks: int = ForksOpt, as_json: bool = JsonOpt,
+           dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan: files, flags, whether a restart "
+                                        "would happen and why. Changes nothing."),
+           no_revert: bool = typer.Option(False, "--no-revert", help="On failure keep the failed state (server, "
+                                          "release) for debugging instead of restoring the previous deployment."),
+           force: bool = typer.Option(False, "--force", help="Replace drifted package files (as push --force)."),
+           stop_grace: float = typer.Option(120.0, "--stop-grace", help="Seconds a stopping server may drain "
+                                            "before SIGKILL."),
+           load_timeout: Optional[float] = typer.Option(None, "--load-timeout", help="Seconds for the model load "
+                                                        f"(until the port opens; default {DEFAULT_TIMEOUTS['port']:.0f})."),
+           health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds for each health "
+                                                          "stage after the port opens."),
+           manager: Optional[str] = typer.Option(None, "--manager", help="systemd | supervisor (default: systemd "
+                                                 "where it is PID 1; inventory var server_manager)."),
+           runs: str = typer.Option("runs", "--runs-dir", help="Where results and failure logs are stored."),
+           host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
+    """Push, smoke-test, launch and health-check PROFILE's server on each host; safe to rerun."""
+    if manager not in (None, "systemd", "supervisor"):
+        raise ConfigError(f"--manager must be systemd or supervisor, got '{manager}'")
+    if stop_grace < 0:
+        raise ConfigError(f"--stop-grace must be >= 0 seconds, got {stop_grace}")
+    inv, prof = inventory(inventory_path), load_profile(profile)
+    artifacts = prof.artifacts()
+    options = stage.DeployOptions(command=command_line(), dry_run=dry_run, revert=not no_revert, force=force,
+                                  stop_grace=stop_grace, timeouts=_timeouts(load_timeout, health_timeout),
+                                  manager=manager)
+    directory = None if dry_run else stage.run_dir(runs)
+
+    def task(conn, note):
+        doc = stage.HostDeploy(conn, prof, artifacts, inv.path, options, note).run()
+        if directory is not None:
+            stage.store(directory, conn.host.name, doc)
+        return TaskOutcome(doc["ok"], doc, None if doc["ok"] else doc.get("summary"))
+
+    results = _run(inv, pattern, task, "deploy", forks, host_key_policy_opt, quiet=as_json)
+    docs = {}
+    for name, r in results.items():
+        docs[name] = r.value if r.value is not None else {"ok": False, "action": "failed", "summary": r.error}
+        if directory is not None and r.value is None:
+            stage.store(directory, name, docs[name])
+    code = _exit_code(results, docs)
+    if as_json:
+        output.print_json({"command": "deploy", "pattern": pattern, "profile": profile, "dry_run": dry_run,
+                           "run_dir": str(directory) if directory else None, "hosts": docs,
+                           "summary": {"ok": sum(d["ok"] for d in docs.values()),
+                                       "failed": sum(not d["ok"] for d in docs.values())}, "exit_code": code})
+        raise typer.Exit(code)
+    _deploy_report(profile, docs, directory, dry_run)
+    raise typer.Exit(code)
+
+
+def _exit_code(results: GroupResult, docs: dict[str, dict[str, Any]]) -> int:
+    if results.interrupted:
+        return 130
+    if any(not d["ok"] for d in docs.values()):
+        # Bad input everywhere (a render error on every host) is a usage error, not a host failure.
+        return 2 if all(d.get("exit_code") == 2 for d in docs.values() if not d["ok"]) and \
+            all(not d["ok"] for d in docs.values()) else 1
+    return 0
+
+
+def _deploy_report(profile: str, docs: dict[str, dict[str, Any]], directory: Optional[Path], dry_run: bool) -> None:
+    table = output.Table(title=f"deploy {profile}" + (f" -> {directory}" if directory else " (dry run)"))
+    for col in ("host", "result", "release", "pid", "why", "health", "round trips", "seconds"):
+        table.add_column(col)
+    for name, d in docs.items():
+        style = "green" if d["ok"] else "red"
+        health = d.get("health") or {}
+        rt = d.get("round_trips") or {}
+        table.add_row(output.escape(name), f"[{style}]{d.get('action') or 'failed'}[/]",
+                      output.escape(str(d.get("release") or (d.get("running_before") or {}).get("release") or "-")),
+                      str(d.get("pid") or "-"), output.escape("; ".join(d.get("restart_reasons") or []) or "-"),
+                      f"{sum(health.values()):.1f}s" if health else "-",
+                      f"{rt.get('exec', '-')}" + (f" (+{rt['health_polls']} polls)" if rt.get("health_polls") else ""),
+                      f"{d.get('seconds', 0):.1f}")
+    output.stdout.print(table)
+    for name, d in docs.items():
+        if dry_run:
+            output.stdout.rule(f"{name}: {output.escape(d.get('summary') or '')}")
+            output.stdout.print(output.escape(" ".join(d.get("command") or [])), highlight=False, soft_wrap=True)
+            for what, text in (d.get("files") or {}).items():
+                output.stdout.print(f"[bold]--- {what}[/]")
+                sys.stdout.write(text)
+            sys.stdout.flush()
+            continue
+        if d["ok"]:
+            output.stdout.print(f"[green]{output.escape(name)}[/]: {output.escape(d.get('summary') or '')}",
+                                highlight=False)
+            continue
+        output.stdout.rule(f"[red]{output.escape(name)}[/]: {output.escape((d.get('summary') or '').splitlines()[0] if d.get('summary') else 'failed')}")
+        output.stdout.print(output.escape(d.get("summary") or ""), highlight=False)
+        for key, title in (("traceback", "smoke traceback"), ("server_log", "server log since its start")):
+            if d.get(key):  # whole, never cut
+                output.stdout.print(f"[bold]{title}:[/]")
+                sys.stdout.write(d[key] if d[key].endswith("\n") else d[key] + "\n")
+                sys.stdout.flush()
+        for fix in d.get("diagnosis") or []:
+            output.stdout.print(f"[yellow]fix:[/] {output.escape(fix)}", highlight=False)
+    ok = sum(d["ok"] for d in docs.values())
+    output.stdout.print(f"{ok} ok, {len(docs) - ok} failed" + (f"; results in {directory}" if directory else ""),
+                        highlight=False)
+
+
+def _uptime(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def status(pattern: str = PatternArg,
+           profile: Optional[str] = typer.Argument(None, help="Profile: compare what runs with what it renders to."),
+           inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+           host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
+    """One row per host and server: desired vs running (release, argv hash, pid, uptime, health, accept len)."""
+    inv = inventory(inventory_path)
+    prof = load_profile(profile) if profile else None
+
+    def task(conn, note):
+        value = stage.status_host(conn, prof, inv.path)
+        ok = all(not row["drift"] for row in value["profiles"])
+        return TaskOutcome(ok, value, None if ok else "; ".join(d for row in value["profiles"] for d in row["drift"]))
+
+    results = _run(inv, pattern, task, "status", forks, host_key_policy_opt, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("status", results, pattern=pattern, profile=profile))
+        raise typer.Exit(results.exit_code)
+    table = output.Table(title="status" + (f" {profile}" if profile else ""))
+    for col in ("host", "profile", "state", "release", "argv hash", "pid", "uptime", "health", "accept len", "drift"):
+        table.add_column(col)
+    for name, r in results.items():
+        if r.value is None:
+            table.add_row(output.escape(name), "-", "[red]unreachable[/]", *["-"] * 6,
+                          output.escape((r.error or "").splitlines()[0] if r.error else ""))
+            continue
+        if not r.value["profiles"]:
+            table.add_row(output.escape(name), "-", "nothing deployed", *["-"] * 7)
+        for row in r.value["profiles"]:
+            state = "[green]running[/]" if row.get("alive") else ("stopped" if row.get("stopped") else "[red]down[/]")
+            desired = row.get("desired") or {}
+            argv = row.get("argv_hash") or "-"
+            if desired.get("argv_hash") and desired["argv_hash"] != row.get("argv_hash"):
+                argv += f" (profile: {desired['argv_hash']})"
+            table.add_row(output.escape(name), output.escape(row["profile"]), state,
+                          output.escape(str(row.get("release") or "-")), output.escape(argv), str(row.get("pid") or "-"),
+                          _uptime(row.get("uptime_s")), str(row.get("health") or "-"),
+                          f"{row['accept_length']:.2f}" if row.get("accept_length") is not None else "-",
+                          "[yellow]" + output.escape("; ".join(row["drift"])) + "[/]" if row["drift"] else "-")
+    output.stdout.print(table)
+    raise typer.Exit(results.exit_code)
+
+
+def stop(pattern: str = PatternArg,
+         profile: Optional[str] = typer.Argument(None, help="Only this profile's server (default: every managed one)."),
+         inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
+         grace: float = typer.Option(120.0, "--grace", help="Seconds the server may drain before SIGKILL."),
+         host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
+    """Stop the managed servers: SIGTERM, wait for SGLang's drain, SIGKILL after --grace."""
+    if grace < 0:
+        raise ConfigError(f"--grace must be >= 0 seconds, got {grace}")
+    inv, command = inventory(inventory_path), command_line()
+    name = load_profile(profile).name if profile and profile.endswith((".yaml", ".yml")) else profile
+
+    def task(conn, note):
+        note("stopping")
+        try:
+            return stage.stop_host(conn, name, grace, command)
+        except RemoteError as exc:
+            return TaskOutcome(False, {"error": str(exc), **exc.detail}, str(exc))
+
+    started = time.monotonic()
+    results = _run(inv, pattern, task, "stop", forks, host_key_policy_opt, quiet=as_json)
+    if as_json:
+        output.print_json(output.group_json("stop", results, pattern=pattern, profile=profile))
+        raise typer.Exit(results.exit_code)
+
+    def row(v: dict[str, Any]) -> list[str]:
+        cells = []
+        for prof_name, s in (v.get("stopped") or {}).items():
+            what = f"pid {s.get('pid')} exit {s.get('exit_code')}" + (" (SIGKILL)" if s.get("killed") else "") \
+                if s.get("was_running") else "was not running"
+            cells.append(f"{prof_name}: {what}, {s.get('seconds', 0):.1f}s")
+        return ["; ".join(cells) or v.get("error") or "nothing managed here"]
+
+    output.summary_table(f"stop ({time.monotonic() - started:.1f}s)", results, ["servers"], row,
+                         refusals_have_rows=True)
+    raise typer.Exit(results.exit_code)

@@ -1,0 +1,545 @@
+"""`deploy`: push, smoke, launch and health-check one profile's server on a host; safe to rerun,
+and a failed deploy leaves the host serving what it served before.
+
+Per host, on its one SSH connection (exec round trips numbered; health polls not counted):
+  1 plan      remote/server.py plan: server facts + release inspection (server_facts.py and
+              release.py ride along in the payload, same process) + what runs + who holds the
+              port; takes the deploy lease (a second deploy is refused naming the holder)
+    decide    render (stages.render), the release plan (stages.release.make_plan), restart or
+              not and why. Nothing to do: 2 finish (drops the lease) -> "unchanged: running
+              release X since T". A foreign process on the port: refused, nothing changed.
+  2 apply     remote/release.py apply: only the changed files (skipped when there are none)
+  3 smoke     remote/smoke_probe.py probe: SGLang's own validation of the argv. The gate: a
+              failure stops here with the traceback and the diagnosis; the running server is
+              untouched (the release this deploy applied is rolled back)
+  4 launch    remote/server.py launch: env file, launch script, unit; stop the old server
+              (SIGTERM, drain, SIGKILL after the grace); start the new one
+    health    stages.health: alive, port, /health, /health_generate, /generate, /server_info
+  5 finish    remote/server.py finish: the deployment record; the lease is dropped
+A failure after the old server was stopped: its log stored under runs/<time>-deploy/, the
+release rolled back, the previous deployment started again and health-checked (revert), unless
+--no-revert. First deploy: 5 round trips (4 with nothing to push); no-op: 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import RemoteError, SglfleetError
+from ..fleet import remote_call
+from ..remote.hostlib import server_paths
+from ..spec.profile import Artifacts, Profile
+from . import health as health_stage
+from . import release
+from .render import Rendered, RenderError, render
+from .smoke import diagnose, run_probe, simulate_for
+
+SERVER = "server.py"
+COMPANIONS = ("server_facts.py", "release.py")
+STOP_TIMEOUT_S = 600  # systemd's TimeoutStopSec: SGLang's drain has no timeout of its own
+
+
+@dataclass
+class DeployOptions:
+    command: str
+    dry_run: bool = False
+    revert: bool = True
+    force: bool = False
+    stop_grace: float = 120.0
+    timeouts: dict[str, float] = field(default_factory=dict)
+    runs_dir: Path | None = None
+    manager: str | None = None  # systemd | supervisor; None: the host decides (systemd if PID 1)
+
+
+class Counted:
+    """The host's connection, counting exec round trips (health polls apart)."""
+
+    def __init__(self, conn: Any):
+        self._conn, self.exec, self.polls = conn, 0, 0
+        self.host = conn.host
+        self._polling = threading.local()
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self._polling, "on", False):
+            self.polls += 1
+        else:
+            self.exec += 1
+        return self._conn.run(*args, **kwargs)
+
+    def polling(self) -> "_Polling":
+        return _Polling(self._polling)
+
+
+class _Polling:
+    def __init__(self, flag: threading.local):
+        self.flag = flag
+
+    def __enter__(self) -> None:
+        self.flag.on = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.flag.on = False
+
+
+def new_deploy_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-d" + secrets.token_hex(3)
+
+
+def holder(command: str) -> dict[str, Any]:
+    return dict(release.holder(command), controller_pid=os.getpid())
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def render_files(rendered: Rendered) -> dict[str, str]:
+    paths = server_paths(rendered.profile)
+    return {"launch_script": rendered.template("launch.sh.j2", env_file=paths["env_file"]),
+            "env": rendered.template("sglang.env.j2"),
+            "unit": rendered.template("sglang-server.service.j2", launch_script=paths["launch_script"],
+                                      stop_timeout_s=STOP_TIMEOUT_S)}
+
+
+def program_texts() -> dict[str, str]:
+    """What the detached supervisor runs on the host: this script and the host library."""
+    return {"server.py": remote_call.script_bytes(SERVER).decode(),
+            "sglfleet_hostlib.py": remote_call.script_bytes("hostlib.py").decode()}
+
+
+def describe_port_holder(h: dict[str, Any]) -> str:
+    who = f"pid {h['pid']} ({' '.join(h.get('cmdline') or ['?'])})" if h.get("pid") else \
+        "a process this host cannot see (another pid namespace or container)"
+    return f"{who} is listening on {h.get('address')}"
+
+
+def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: dict[str, Any],
+              recover: bool = True) -> dict[str, Any]:
+    """Round trip 1: facts, release inspection, what runs, port holders (and the lease)."""
+    model, spec = profile.model.model, profile.model.speculative
+    args: dict[str, Any] = {"profile": profile.name,
+                            "facts": {"model": model.path if model else None,
+                                      "draft": spec.draft_model if spec else None},
+                            "port": profile.model.server.port, **extra}
+    companions = [name for name in COMPANIONS if name != "release.py" or artifacts is not None]
+    if artifacts is not None:
+        package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
+        args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
+                           "targets": [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]}
+    payload = b"".join(remote_call.script_bytes(name) for name in companions)
+    args["companions"] = [[name, len(remote_call.script_bytes(name))] for name in companions]
+    return remote_call.call(conn, SERVER, "plan", args, payload=payload, timeout=600)
+
+
+def restart_reasons(running: dict[str, Any], desired: dict[str, Any], changes: int, mode: str) -> list[str]:
+    record = running.get("record")
+    if not record:
+        return ["nothing deployed by sglfleet yet"]
+    reasons = []
+    if changes:
+        reasons.append(f"release: {changes} file(s) change")
+    elif record.get("release") != desired["release"]:
+        reasons.append(f"release changed ({record.get('release') or 'pristine'} -> {desired['release'] or 'pristine'})")
+    if record.get("argv_hash") != desired["argv_hash"]:
+        reasons.append("launch command changed")
+    if record.get("env_hash") != desired["env_hash"]:
+        reasons.append("environment changed")
+    if record.get("files_hash") != desired["files_hash"] and not reasons:
+        reasons.append("launch script or unit changed")
+    if record.get("mode") != mode:
+        reasons.append(f"manager changed ({record.get('mode')} -> {mode})")
+    if not running.get("alive"):
+        reasons.append("server not running" + (f" (exited with code {running['exit_code']})"
+                                               if running.get("exit_code") is not None else ""))
+    return reasons
+
+
+def since(epoch: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch)) if epoch else "?"
+
+
+def server_diagnosis(log: str, rendered: Rendered | None) -> list[str]:
+    """The smoke rules applied to a server's log, plus what only a running server shows."""
+    fixes = diagnose({"ok": False, "traceback": log}, rendered)
+    if "Address already in use" in log:
+        fixes.append("the port was taken when the server started: `sglfleet status` names what listens there")
+    if "out of memory" in log.lower():
+        fixes.append("GPU memory: lower server.mem_fraction or the DDTree budget, or free the GPU")
+    if "Repo id must" in log or "HFValidationError" in log:
+        fixes.append("a model path that does not exist was read as a Hugging Face repo id: check model.path and "
+                     "speculative.draft_model on the host")
+    return fixes
+
+
+class HostDeploy:
+    """One host's deploy, step by step; `run()` returns the document the CLI reports and stores."""
+
+    def __init__(self, conn: Any, profile: Profile, artifacts: Artifacts, inventory_path: str,
+                 options: DeployOptions, note: Callable[[str], None] = lambda text: None):
+        self.conn = Counted(conn)
+        self.host = conn.host
+        self.profile, self.artifacts, self.inventory_path = profile, artifacts, inventory_path
+        self.options, self.note = options, note
+        self.deploy_id = new_deploy_id()
+        self.holder = holder(options.command)
+        self.doc: dict[str, Any] = {"host": self.host.name, "profile": profile.name, "deploy_id": self.deploy_id,
+                                    "ok": False, "action": None}
+        self.rendered: Rendered | None = None
+        self.leased = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def server_args(self, **extra: Any) -> dict[str, Any]:
+        return {"profile": self.profile.name, "deploy_id": self.deploy_id, "holder": self.holder, **extra}
+
+    def server(self, command: str, timeout: float = 600, **extra: Any) -> Any:
+        return remote_call.call(self.conn, SERVER, command, self.server_args(**extra), timeout=timeout)
+
+    def finish(self, record: dict[str, Any] | None) -> None:
+        self.server("finish", record=record)
+        self.leased = False
+
+    def fail(self, phase: str, message: str, **extra: Any) -> dict[str, Any]:
+        self.doc.update(ok=False, action=self.doc.get("action") or "failed", phase=phase, summary=message, **extra)
+        return self.doc
+
+    # ------------------------------------------------------------ the pipeline
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        try:
+            return self._run()
+        finally:
+            if self.leased:  # an early end (an exception): give the host back
+                try:
+                    self.server("unlease")
+                except SglfleetError:
+                    pass
+            self.doc["round_trips"] = {"exec": self.conn.exec, "health_polls": self.conn.polls}
+            self.doc["seconds"] = round(time.monotonic() - started, 3)
+
+    def _plan(self) -> dict[str, Any]:
+        lease = None if self.options.dry_run else {"id": self.deploy_id, "holder": self.holder,
+                                                   "ttl": self.lease_ttl()}
+        extra = {"holder": self.holder, "lease": lease}
+        try:
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra)
+        except RemoteError as exc:
+            held = exc.detail.get("lease")
+            if not held or not lease or not _controller_gone(held.get("holder") or {}):
+                raise
+            self.note(f"taking over the lease of deploy {held.get('id')} (its controller process is gone)")
+            lease["take_over"] = held.get("id")
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra)
+        self.leased = lease is not None
+        return planned
+
+    def lease_ttl(self) -> float:
+        timeouts = {**health_stage.DEFAULT_TIMEOUTS, **self.options.timeouts}
+        return 2 * sum(timeouts.values()) + 2 * self.options.stop_grace + 1200
+
+    def _run(self) -> dict[str, Any]:
+        self.note("plan")
+        try:
+            planned = self._plan()
+        except RemoteError as exc:
+            return self.fail("plan", str(exc), refused=exc.exit_status == 3, holder=exc.detail.get("holder"))
+        running = planned["running"]
+        self.doc["running_before"] = _running_summary(running)
+        if planned.get("inspect_error"):
+            return self.fail("plan", f"{self.host.name}: {planned['inspect_error']['message']}")
+        host_plan = release.make_plan(self.host.name, planned["inspect"], self.artifacts, self.options.force)
+        # Flags the patchset adds are unknown to the host's SGLang until it is pushed: then
+        # the smoke probe (SGLang's own parser, after the push) is the check.
+        patching = any(f.key.startswith("pkg/") for f in host_plan.changes)
+        try:
+            self.rendered = rendered = render(self.host, self.profile, planned["facts"], self.inventory_path,
+                                              check_flags=not patching)
+        except (RenderError, SglfleetError) as exc:
+            return self.fail("render", str(exc), exit_code=getattr(exc, "exit_code", 1))
+        files = render_files(rendered)
+        mode = self.options.manager or self.host.vars.get("server_manager") or \
+            ("systemd" if planned.get("systemd") else "supervisor")
+        if mode not in ("systemd", "supervisor"):
+            return self.fail("plan", f"server_manager must be systemd or supervisor, got {mode!r}", exit_code=2)
+        if mode == "systemd" and not planned.get("systemd"):
+            return self.fail("plan", f"{self.host.name}: server_manager is systemd but PID 1 there is not systemd")
+        desired = {"release": planned["inspect"].get("current"), "argv_hash": digest(json.dumps(rendered.command)),
+                   "env_hash": digest(files["env"]),
+                   "files_hash": digest(files["launch_script"] + files["env"] + files["unit"])}
+        changes = host_plan.changes
+        reasons = restart_reasons(running, desired, len(changes), mode)
+        self.doc.update(mode=mode, restart_reasons=reasons, notes=host_plan.notes, command=rendered.command,
+                        bind=rendered.bind, port=rendered.port, release_changes=[f.key for f in changes],
+                        argv_hash=desired["argv_hash"], env_hash=desired["env_hash"])
+        foreign = planned.get("foreign") or []
+        if self.options.dry_run:
+            self.doc.update(ok=not host_plan.refusals and not foreign, action="dry-run", files=files,
+                            refusals=host_plan.refusals, foreign=foreign,
+                            summary=("would restart: " + "; ".join(reasons)) if reasons else
+                            f"unchanged: running release {desired['release'] or 'pristine'} since "
+                            f"{since((running.get('record') or {}).get('started'))}")
+            return self.doc
+        if host_plan.refusals:
+            return self.fail("plan", f"{self.host.name}: refused: " + "; ".join(host_plan.refusals), refused=True)
+        if foreign:
+            return self.fail("plan", f"{self.host.name}: port {rendered.port} is taken: "
+                             + "; ".join(describe_port_holder(h) for h in foreign)
+                             + "; sglfleet did not start it and will not stop it (nothing was changed)",
+                             refused=True, foreign=foreign)
+        if not reasons:
+            self.finish(None)
+            record = running["record"]
+            self.doc.update(ok=True, action="unchanged", pid=running.get("pid"), release=desired["release"],
+                            started=record.get("started"),
+                            summary=f"unchanged: running release {desired['release'] or 'pristine'} since "
+                                    f"{since(record.get('started'))}")
+            return self.doc
+        return self._change(planned, host_plan, files, desired, mode)
+
+    def _change(self, planned: dict[str, Any], host_plan: release.HostPlan, files: dict[str, str],
+                desired: dict[str, Any], mode: str) -> dict[str, Any]:
+        rendered = self.rendered
+        assert rendered is not None
+        previous_release = planned["inspect"].get("current")
+        applied = None
+        if host_plan.changes:
+            self.note(f"push {len(host_plan.changes)} file(s)")
+            try:
+                applied = self._apply(planned, host_plan)
+            except RemoteError as exc:
+                return self.fail("push", str(exc))
+            desired["release"] = applied["release"]
+            self.doc["pushed"] = {"release": applied["release"], "files": applied["files"],
+                                  "content_bytes": applied["content_bytes"]}
+        self.note("smoke")
+        probe = run_probe(self.conn, rendered, simulate_for(self.host, None))
+        self.doc["smoke"] = {k: probe.get(k) for k in ("ok", "phase", "fields", "exception", "timings")}
+        if not probe.get("ok"):
+            self.doc["traceback"] = probe.get("traceback")
+            self.doc["diagnosis"] = diagnose(probe, rendered)
+            undo = self._undo_release(applied, previous_release)
+            exc = probe.get("exception") or {}
+            self.finish(None)
+            return self.fail("smoke", f"smoke failed ({probe.get('phase')}): {exc.get('type')}: "
+                             f"{(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}; "
+                             f"the running server was not touched{undo}")
+        expected = probe.get("fields") or {}
+        self.note("launch")
+        try:
+            launched = self.server("launch", timeout=self.options.stop_grace + 300, files=files, mode=mode,
+                                   bind=rendered.bind, port=rendered.port, stop_grace=self.options.stop_grace,
+                                   programs=program_texts())
+        except RemoteError as exc:
+            undo = self._undo_release(applied, previous_release)
+            return self.fail("launch", f"{exc}{undo}", port_taken=exc.detail.get("port_taken"))
+        self.doc["stopped"] = launched.get("stopped")
+        self.doc["launched"] = {k: launched.get(k) for k in ("pid", "started", "mode", "start_id")}
+        result = self._health(mode, rendered, expected)
+        record = {"profile": self.profile.name, "deploy_id": self.deploy_id, "release": desired["release"],
+                  "argv": rendered.command, "argv_hash": desired["argv_hash"], "env_hash": desired["env_hash"],
+                  "files_hash": desired["files_hash"], "pid": launched.get("pid"), "started": launched.get("started"),
+                  "start_id": launched.get("start_id"), "mode": mode, "bind": rendered.bind, "port": rendered.port,
+                  "health": result.timings, "controller": self.holder, "expected": expected}
+        if result.ok:
+            self.note("record")
+            self.finish(record)
+            self.doc.update(ok=True, action="deployed", pid=launched.get("pid"), release=desired["release"],
+                            started=launched.get("started"), health=result.timings,
+                            server_info=result.server_info, generated=result.generated,
+                            summary=f"deployed release {desired['release'] or 'pristine'}: pid {launched.get('pid')}, "
+                                    f"{result.summary()}")
+            return self.doc
+        return self._failed_after_launch(result, applied, previous_release, mode)
+
+    def _apply(self, planned: dict[str, Any], host_plan: release.HostPlan) -> dict[str, Any]:
+        """Round trip 2: the push's apply, on the plan made from round trip 1's inspection."""
+        changes = sorted(host_plan.changes, key=release._apply_order)
+        tar = release._Tar(changes, None)
+        artifacts_doc = []
+        if self.artifacts.patchset:
+            artifacts_doc.append({"kind": "patchset", "name": self.artifacts.patchset.name,
+                                  "versions": self.artifacts.patchset.manifest.versions})
+        if self.artifacts.extension and any(f.key == self.artifacts.extension.key for f in changes):
+            artifacts_doc.append({"kind": "extension", "name": self.artifacts.extension.name,
+                                  "fingerprint": self.artifacts.extension.fingerprint})
+        args = {"package": planned["inspect"]["package"]["name"], "id": release.new_release_id(),
+                "holder": self.holder, "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
+                "artifacts": artifacts_doc, "import_check": host_plan.import_check, "pace_s": 0.0}
+        answer = release.call(self.conn, "apply", args, payload=tar)
+        return {"release": answer["release"], "files": answer["files"], "content_bytes": tar.content_bytes}
+
+    def _undo_release(self, applied: dict[str, Any] | None, previous: str | None) -> str:
+        if not applied or not self.options.revert:
+            return "; the pushed release stays (--no-revert)" if applied else ""
+        try:
+            package = (self.artifacts.patchset.manifest.package if self.artifacts.patchset else "sglang")
+            release.rollback(self.conn, package, previous or "pristine", self.options.command)
+        except RemoteError as exc:
+            return f"; rolling back release {applied['release']} FAILED: {exc}"
+        self.doc["rolled_back"] = {"release": applied["release"], "to": previous}
+        return f"; release {applied['release']} rolled back to {previous or 'pristine'}"
+
+    def _health(self, mode: str, rendered: Rendered, expected: dict[str, Any]) -> health_stage.HealthResult:
+        base = self.server_args(mode=mode, bind=rendered.bind, port=rendered.port)
+        with self.conn.polling():
+            return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note)
+
+    def _failed_after_launch(self, result: health_stage.HealthResult, applied: dict[str, Any] | None,
+                             previous_release: str | None, mode: str) -> dict[str, Any]:
+        failed = result.failed or {}
+        log = failed.get("log") or ""
+        self.doc.update(health=result.timings, failed_stage=failed.get("stage"), exit_code=failed.get("exit_code"),
+                        server_info=result.server_info,
+                        server_log=log, diagnosis=server_diagnosis(log, self.rendered))
+        summary = result.summary()
+        if not self.options.revert:
+            self.finish(None)
+            return self.fail("health", f"{summary}; --no-revert: the failed server and release were left as they "
+                             "are for debugging")
+        self.note("revert")
+        undo = self._undo_release(applied, previous_release)
+        try:
+            reverted = self.server("revert", timeout=self.options.stop_grace + 300, mode=mode,
+                                   stop_grace=self.options.stop_grace, programs=program_texts())
+        except RemoteError as exc:
+            return self.fail("revert", f"{summary}{undo}; reverting the server FAILED: {exc}")
+        previous = reverted.get("restored")
+        self.doc["reverted"] = {"stopped_failed": reverted.get("stopped"), "restored": bool(previous)}
+        if not previous:
+            self.finish(None)
+            return self.fail("health", f"{summary}{undo}; nothing ran before, the host is left stopped")
+        back = self._health(previous.get("mode") or "supervisor", _Bind(previous), previous.get("expected") or {})
+        record = dict(previous, pid=reverted.get("pid"), started=reverted.get("started"),
+                      start_id=reverted.get("start_id"), health=back.timings, reverted_from=self.deploy_id)
+        self.doc["reverted"].update(pid=reverted.get("pid"), healthy=back.ok, health=back.timings,
+                                    release=previous.get("release"))
+        if back.ok:
+            self.finish(record)
+            return self.fail("health", f"{summary}{undo}; reverted: the previous deployment (release "
+                             f"{previous.get('release') or 'pristine'}) serves again, pid {reverted.get('pid')}, "
+                             f"{back.summary()}")
+        self.finish(None)
+        return self.fail("revert", f"{summary}{undo}; the previous deployment was started again but is not "
+                         f"healthy: {back.summary()}", revert_log=(back.failed or {}).get("log"))
+
+
+@dataclass
+class _Bind:
+    """The bind address and port of a recorded deployment (what health needs of a Rendered)."""
+
+    record: dict[str, Any]
+
+    @property
+    def bind(self) -> str:
+        return self.record.get("bind") or "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        return int(self.record.get("port") or 0)
+
+
+def _controller_gone(holder: dict[str, Any]) -> bool:
+    """The lease's controller process ran on this machine and is gone (its SSH session with it)."""
+    if holder.get("controller") != socket.gethostname() or not holder.get("controller_pid"):
+        return False
+    try:
+        os.kill(int(holder["controller_pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, ValueError):
+        return False
+    return False
+
+
+def _running_summary(running: dict[str, Any]) -> dict[str, Any]:
+    record = running.get("record") or {}
+    return {"alive": running.get("alive"), "pid": running.get("pid"), "release": record.get("release"),
+            "argv_hash": record.get("argv_hash"), "started": record.get("started"), "mode": running.get("mode"),
+            "exit_code": running.get("exit_code")}
+
+
+# ---------------------------------------------------------------- runs/<time>-deploy/
+
+
+def run_dir(base: str | Path = "runs") -> Path:
+    path = Path(base) / (time.strftime("%Y%m%dT%H%M%S") + "-deploy")
+    suffix = 0
+    while path.exists():
+        suffix += 1
+        path = Path(f"{path}-{suffix}")
+    path.mkdir(parents=True)
+    return path
+
+
+def store(directory: Path, host: str, document: dict[str, Any]) -> None:
+    """<host>.json whole; the server's log and the probe's traceback also as plain files."""
+    (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    if document.get("server_log"):
+        (directory / f"{host}.server.log").write_text(document["server_log"])
+    if document.get("traceback"):
+        (directory / f"{host}.traceback.txt").write_text(document["traceback"])
+
+
+# ---------------------------------------------------------------- status and stop
+
+
+def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict[str, Any]:
+    """Desired (with a profile: rendered from fresh facts) vs running, drift flagged."""
+    answer = remote_call.call(conn, SERVER, "status", {"profile": profile.name if profile else None})
+    rows = []
+    desired = None
+    if profile is not None:
+        artifacts = profile.artifacts()
+        planned = plan_call(conn, profile, artifacts, {"holder": holder("status")}, recover=False)
+        try:
+            rendered = render(conn.host, profile, planned["facts"], inventory_path, check_flags=False)
+            files = render_files(rendered)
+            desired = {"release": planned["inspect"].get("current"), "argv_hash": digest(json.dumps(rendered.command)),
+                       "env_hash": digest(files["env"]),
+                       "pending_files": len(release.make_plan(conn.host.name, planned["inspect"], artifacts).changes)}
+        except SglfleetError as exc:
+            desired = {"error": str(exc)}
+    for name, entry in answer["profiles"].items():
+        running, record = entry["running"], entry.get("record") or {}
+        drift = []
+        if desired and "error" in desired:
+            drift.append(f"cannot render the profile: {desired['error']}")
+        if desired and "error" not in desired:
+            if not record:
+                drift.append("not deployed")
+            else:
+                if record.get("release") != desired["release"]:
+                    drift.append(f"release {record.get('release')} running, {desired['release']} installed")
+                if record.get("argv_hash") != desired["argv_hash"]:
+                    drift.append("launch command differs from the profile")
+                if record.get("env_hash") != desired["env_hash"]:
+                    drift.append("environment differs from the profile")
+                if desired["pending_files"]:
+                    drift.append(f"{desired['pending_files']} release file(s) not pushed")
+        if record and not running.get("alive") and not record.get("stopped"):
+            drift.append("server is down" + (f" (exit code {running.get('exit_code')})"
+                                             if running.get("exit_code") is not None else ""))
+        rows.append({"profile": name, "alive": running.get("alive"), "pid": running.get("pid"),
+                     "mode": running.get("mode"), "release": record.get("release"),
+                     "argv_hash": record.get("argv_hash"), "uptime_s": entry.get("uptime_s"),
+                     "health": entry.get("health"), "accept_length": entry.get("accept_length"),
+                     "stopped": record.get("stopped"), "drift": drift, "desired": desired,
+                     "log_tail": entry.get("log_tail")})
+    if profile is not None and not rows:
+        rows.append({"profile": profile.name, "alive": False, "drift": ["not deployed"], "desired": desired})
+    return {"profiles": rows, "lease": answer.get("lease")}
+
+
+def stop_host(conn: Any, profile: str | None, grace: float, command: str) -> dict[str, Any]:
+    return remote_call.call(conn, SERVER, "stop", {"profile": profile, "stop_grace": grace,
+                                                   "holder": holder(command)}, timeout=grace + 120)

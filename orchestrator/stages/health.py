@@ -1,0 +1,101 @@
+"""Staged health of a just-started server, each stage with its own timeout, elapsed time live.
+
+    alive -> port -> /health -> /health_generate -> /generate (a fixed prompt returns tokens)
+    -> /server_info (the running config is the deployed config: algorithm, draft tokens, budget)
+
+Each stage is one `remote/server.py health` call that polls ON the host (the server may bind
+an address only the host reaches) until the stage passes, its timeout passes, or the process
+exits; a process that exits brings back its exit code and its whole log since it started.
+These calls are the health polls (not counted as the deploy's round trips).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..fleet.remote_call import call
+
+STAGES = ("alive", "port", "health", "health_generate", "generate", "server_info")
+# Per stage, seconds. `port` covers the model load (weights, KV cache, CUDA graphs): SGLang
+# listens only once loaded, and its own warm-up timeout suggestion is 1800 s with DeepGEMM.
+DEFAULT_TIMEOUTS = {"alive": 15.0, "port": 1800.0, "health": 300.0, "health_generate": 300.0, "generate": 120.0,
+                    "server_info": 30.0}
+PROMPT = "The capital of France is"
+# /server_info field -> the smoke probe's resolved field it must equal.
+CHECKED_FIELDS = ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_ddtree_budget",
+                  "speculative_ddtree_topk_cap")
+
+
+@dataclass
+class HealthResult:
+    ok: bool
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    failed: dict[str, Any] | None = None   # the failing stage's answer (exit code, log, last error)
+    server_info: dict[str, Any] | None = None
+    generated: dict[str, Any] | None = None
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return {s["stage"]: s["seconds"] for s in self.stages}
+
+    def summary(self) -> str:
+        if self.ok:
+            return "healthy in %.1fs" % sum(self.timings.values())
+        f = self.failed or {}
+        if f.get("exited"):
+            return f"server exited with code {f.get('exit_code')} during {f.get('stage')}"
+        if f.get("timed_out"):
+            return f"health stage {f.get('stage')} timed out after {f.get('seconds')}s (last: {f.get('last')})"
+        return f"health stage {f.get('stage')} failed: {f.get('message') or f.get('last')}"
+
+
+def config_mismatches(info: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """What /server_info says runs vs what the smoke probe resolved for the deployed argv."""
+    out = []
+    for key in CHECKED_FIELDS:
+        if key in expected and expected[key] is not None and info.get(key) != expected[key]:
+            out.append(f"{key}: running {info.get(key)!r}, deployed {expected[key]!r}")
+    return out
+
+
+def check(conn: Any, base_args: dict[str, Any], timeouts: dict[str, float], expected: dict[str, Any],
+          note: Callable[[str], None] = lambda text: None) -> HealthResult:
+    result = HealthResult(ok=False)
+    for stage in STAGES:
+        timeout = float(timeouts.get(stage, DEFAULT_TIMEOUTS[stage]))
+        answer = _timed(conn, dict(base_args, stage=stage, timeout=timeout, prompt=PROMPT), timeout, note)
+        if not answer.get("ok"):
+            result.failed = answer
+            return result
+        result.stages.append({"stage": stage, "seconds": answer["seconds"]})
+        if stage == "generate":
+            result.generated = answer.get("detail")
+        if stage == "server_info":
+            result.server_info = answer.get("detail") or {}
+            wrong = config_mismatches(result.server_info, expected)
+            if wrong:
+                result.failed = {"ok": False, "stage": stage, "message": "the running config is not the deployed "
+                                 "config: " + "; ".join(wrong), "seconds": answer["seconds"]}
+                return result
+    result.ok = True
+    return result
+
+
+def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str], None]) -> dict[str, Any]:
+    """One stage's call, with its elapsed time shown live."""
+    stage, started, done = args["stage"], time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(0.5):
+            note(f"health: {stage} {time.monotonic() - started:.1f}s / {timeout:.0f}s")
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        return call(conn, "server.py", "health", args, timeout=timeout + 120)
+    finally:
+        done.set()
+        ticker.join()
