@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 from ..errors import ConfigError, SglfleetError
 from .hostkeys import KnownHosts
 from .inventory import Host, Inventory
+from .local import LocalConnection
 from .transport import Connection
 
 DEFAULT_FORKS = 32
@@ -125,6 +126,9 @@ class Group:
             raise ConfigError(f"--forks must be at least 1, got {self.forks}")
 
     def connection(self, host: Host) -> Connection:
+        if host.name not in self.connections and host.connection == "local":
+            # ansible_connection: local (and Ansible's implicit localhost): this machine, no SSH
+            self.connections[host.name] = LocalConnection(host)  # type: ignore[assignment]
         if host.name not in self.connections:
             jump = None
             if host.proxy_jump and self.inventory and host.proxy_jump in self.inventory.hosts:
