@@ -65,7 +65,9 @@ demo: setup
 	$(SGLFLEET) smoke all qwen36-ddtree
 
 # The suite runs in the network jail: it feeds production addresses to the guard on purpose.
+# The lab's base image is built first, outside it (its pip installs need the package index).
 test: setup
+	$(SGLFLEET) lab image
 	@$(JAIL_SH); jailed $(PY) -m pytest $(PYTEST_ARGS)
 
 # Local loop: skips the tests marked slow (CI runs everything).

@@ -11,6 +11,7 @@ import typer
 
 from ..errors import ConfigError
 from ..fleet.hostkeys import known_hosts_name
+from ..lab.base import ensure_base
 from ..lab.manager import Lab
 from ..lab.proxy import LatencyProxy
 from . import output
@@ -38,6 +39,15 @@ def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (c
                         f"inventory {lab.inventory_path}, known_hosts {lab.known_hosts_path}")
     for h in hosts:
         output.stdout.print(f"  {h.name}  {h.address}:{h.port}  gpu={h.gpu}", highlight=False)
+
+
+@lab_app.command("image")
+def lab_image() -> None:
+    """Build the lab's GPU-host base image if it is missing (needs the package index: run it before
+    anything that has no network, such as the test suite's jail). A no-op once built."""
+    started = time.monotonic()
+    base = ensure_base(log=lambda line: output.stderr.print(line, highlight=False))
+    output.stdout.print(f"lab base image: {base} ({time.monotonic() - started:.1f}s)", highlight=False)
 
 
 @lab_app.command("status")
