@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ..errors import SglfleetError
-from . import deploy, fleet, lab, output, releases, serve
+from . import deploy, fleet, lab, logs, output, releases, serve
 from .common import GLOBALS, InventoryOpt
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -25,7 +25,7 @@ def options(inventory_path: Optional[str] = InventoryOpt) -> None:
     GLOBALS.inventory = inventory_path  # `sglfleet -i FILE COMMAND ...`; a subcommand's own -i wins
 
 
-for family in (fleet, releases, serve, deploy, lab):
+for family in (fleet, releases, serve, deploy, logs, lab):
     family.register(app)
 
 
