@@ -49,6 +49,7 @@ Failure = hostlib.Failure
 DEFAULT_PAGE_BYTES = 4 << 20
 ROTATIONS_LOOKED_AT = 20  # <log>.1 ... <log>.20: more than any keep setting deploy uses
 BLOCK = 1 << 16
+HEAD_BYTES = 256
 STAMP = re.compile(rb"^\[(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(\.\d+)?(?: [^\]]*)?\]")
 MARKER_STAMP = re.compile(rb"^==== sglfleet supervisor: start \S+ (\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})([+-]\d{4})?")
 SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE|CREDENTIAL)", re.I)
@@ -192,11 +193,23 @@ def log_files(log):
     return files
 
 
+def head_of(name, length):
+    """A fingerprint of a file's first bytes: an inode number alone can be reused by a new file."""
+    import hashlib
+
+    try:
+        with open(name, "rb") as fh:
+            return hashlib.sha1(fh.read(min(length, HEAD_BYTES))).hexdigest()[:16]
+    except OSError:
+        return None
+
+
 def start_position(files, cursor, since):
     """(index into files, offset, gap) to read from."""
     if cursor:
         for i, (name, inode, size, _) in enumerate(files):
-            if inode == cursor["inode"]:
+            if inode == cursor["inode"] and (cursor.get("head") is None or size < cursor["offset"]
+                                             or head_of(name, cursor["offset"]) == cursor["head"]):
                 if size < cursor["offset"]:
                     return i, 0, "%s was truncated (now %d bytes, was read to %d)" % (name, size, cursor["offset"])
                 return i, cursor["offset"], None
@@ -253,8 +266,11 @@ def read_files(paths, args, cursor):
             position = (inode, offset)
             index += 1
             offset = 0
-    cursor_out = {"kind": "file", "inode": position[0], "offset": position[1], "ts": stamps.last} if position \
-        else cursor
+    cursor_out = cursor
+    if position:
+        named = [f[0] for f in files if f[1] == position[0]]
+        cursor_out = {"kind": "file", "inode": position[0], "offset": position[1], "ts": stamps.last,
+                      "head": head_of(named[0], position[1]) if named else None}
     return {"source": "file", "lines": lines, "cursor": cursor_out, "more": more, "gap": gap,
             "bytes_read": bytes_read, "files": [f[0] for f in files]}
 
@@ -339,7 +355,8 @@ def tail_files(paths, args):
             text = member.rstrip(b"\r\n").decode("utf-8", "replace")
             if len(found) < want and keep.keeps(None, text):
                 found.appendleft([None, text])
-    cursor = {"kind": "file", "inode": inode, "offset": end, "ts": found[-1][0] if found else None}
+    cursor = {"kind": "file", "inode": inode, "offset": end, "ts": found[-1][0] if found else None,
+              "head": head_of(name, end)}
     return {"source": "file", "lines": list(found), "cursor": cursor, "more": False, "gap": None,
             "bytes_read": bytes_read, "files": [f[0] for f in files]}
 
