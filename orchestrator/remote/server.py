@@ -197,10 +197,16 @@ def socket_owners(inodes):
     return owners
 
 
+def clashes(address, bind):
+    """Whether a listener on `address` keeps a server from binding `bind` (same port)."""
+    return bind in WILDCARDS or address in WILDCARDS or address == bind
+
+
 def port_holders(bind, port):
-    """Who listens where our server would bind: [{address, pid, cmdline}] (pid None: a process
-    this host cannot see, e.g. in another pid namespace)."""
-    clash = [(a, i) for a, i in listeners(port) if bind in WILDCARDS or a in WILDCARDS or a == bind]
+    """Who listens where our server would bind (bind None: on any address of the port):
+    [{address, pid, cmdline}] (pid None: a process this host cannot see, e.g. in another pid
+    namespace)."""
+    clash = [(a, i) for a, i in listeners(port) if bind is None or clashes(a, bind)]
     owners = socket_owners([i for _, i in clash])
     holders = []
     for address, inode in clash:
@@ -362,7 +368,8 @@ def cmd_plan(args, stream):
     if not running.get("alive") and running.get("record"):
         out["log_tail"] = log_since(paths, running, limit=4000)
     if args.get("port"):
-        holders = port_holders(args.get("bind") or "0.0.0.0", int(args["port"]))
+        # Every address: the controller knows the bind address only once it has rendered.
+        holders = port_holders(args.get("bind"), int(args["port"]))
         out["port_holders"] = holders
         out["foreign"] = foreign_holders(holders, running)
     out["lease_holder"] = read_json(lease_path(args))

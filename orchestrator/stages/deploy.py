@@ -116,6 +116,12 @@ def program_texts() -> dict[str, str]:
             "sglfleet_hostlib.py": remote_call.script_bytes("hostlib.py").decode()}
 
 
+def clashes(address: str, bind: str) -> bool:
+    """A listener on `address` keeps a server from binding `bind` on the same port."""
+    wild = ("0.0.0.0", "::", "", "[::]")
+    return bind in wild or address in wild or address == bind
+
+
 def describe_port_holder(h: dict[str, Any]) -> str:
     who = f"pid {h['pid']} ({' '.join(h.get('cmdline') or ['?'])})" if h.get("pid") else \
         "a process this host cannot see (another pid namespace or container)"
@@ -281,7 +287,7 @@ class HostDeploy:
         self.doc.update(mode=mode, restart_reasons=reasons, notes=host_plan.notes, command=rendered.command,
                         bind=rendered.bind, port=rendered.port, release_changes=[f.key for f in changes],
                         argv_hash=desired["argv_hash"], env_hash=desired["env_hash"])
-        foreign = planned.get("foreign") or []
+        foreign = [h for h in planned.get("foreign") or [] if clashes(h["address"], rendered.bind)]
         if self.options.dry_run:
             self.doc.update(ok=not host_plan.refusals and not foreign, action="dry-run", files=files,
                             refusals=host_plan.refusals, foreign=foreign,
