@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -259,3 +260,327 @@ def test_a_systemd_deployment_is_read_from_journald(tmp_path, journal):
 def test_systemd_lab_host():
     pytest.skip("no systemd lab host kind exists yet (the deploy issue's systemd lab host is pending); the "
                 "journald path is covered above against recorded `journalctl -o json` output")
+
+
+# ---------------------------------------------------------------- lab hosts (real sshd)
+
+SERVER_LOG = "/var/log/sglfleet/qwen36-ddtree.log"
+TRACEBACK_START = "Scheduler hit an exception: Traceback (most recent call last):"
+CUDA_ERROR = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def lab_conn(inventory, name):
+    from orchestrator.fleet.hostkeys import KnownHosts
+    from orchestrator.fleet.transport import Connection
+
+    return Connection(inventory.hosts[name], KnownHosts(inventory.known_hosts_path))
+
+
+def on_host(inventory, name, command, stdin=None, timeout=300):
+    with lab_conn(inventory, name) as conn:
+        result = conn.run(command, stdin=stdin, timeout=timeout)
+    assert result.ok, result.stderr_text
+    return result.stdout_text
+
+
+def cli(lab, *args, runs=None):
+    from .conftest import sglfleet
+
+    extra = ["--runs-dir", str(runs)] if runs else []
+    return sglfleet(*args, "-i", str(lab.inventory_path), *extra)
+
+
+def cli_measured(lab, *args):
+    """The CLI in a subprocess; (exit code, stdout, stderr, wall s, its rusage: ru_maxrss is its
+    peak RSS), reaped with wait4 so the figures are that process's own."""
+    import subprocess
+    import threading
+
+    from .conftest import ROOT, fenced_env
+
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args, "-i", str(lab.inventory_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fenced_env(), cwd=ROOT)
+    chunks = {"out": b"", "err": b""}
+    readers = [threading.Thread(target=lambda k=k, f=f: chunks.__setitem__(k, f.read()), daemon=True)
+               for k, f in (("out", proc.stdout), ("err", proc.stderr))]
+    for reader in readers:
+        reader.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - started
+    for reader in readers:
+        reader.join(30)
+    return proc.returncode, chunks["out"].decode(), chunks["err"].decode(), wall, usage
+
+
+def deploy_profile(tmp_path, name, env=None, replace=None):
+    from .conftest import ROOT
+
+    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{ROOT}/")
+    fast = {"SGLFLEET_SIM_LOAD_DELAY": "0.5", "SGLFLEET_SIM_DECODE_LOG_S": "0.5", "HF_TOKEN": "hf_do_not_leak_me",
+            **(env or {})}
+    for key, value in fast.items():
+        text = text.replace("env:\n", f"env:\n  {key}: \"{value}\"\n")
+    for old, new in (replace or {}).items():
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab, tmp_path_factory):
+    """ct129 runs the stand-in server through `sglfleet deploy`; then a deploy whose server
+    crashes (the stand-in's crash knob) fails and is reverted: the log holds both runs."""
+    from orchestrator.fleet.inventory import load_inventory
+
+    tmp = tmp_path_factory.mktemp("deployed")
+    runs = tmp / "runs"
+    good = deploy_profile(tmp, "good")
+    proc = cli(lab, "deploy", "ct129", good, "--json", runs=runs)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    crash = deploy_profile(tmp, "crash", env={"SGLFLEET_SIM_CRASH_AFTER": "1"},
+                           replace={'SGLFLEET_SIM_LOAD_DELAY: "0.5"': 'SGLFLEET_SIM_LOAD_DELAY: "30"'})
+    proc = cli(lab, "deploy", "ct129", crash, "--json", runs=runs)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return {"runs": runs, "inventory": load_inventory(lab.inventory_path)}
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_deployed_servers_log_whole_prefixed_with_the_crash_traceback_intact(lab, deployed):
+    on_disk = on_host(deployed["inventory"], "ct129", f"cat {SERVER_LOG}.[0-9] {SERVER_LOG} 2>/dev/null; true")
+    expected = on_disk.splitlines()
+    proc = cli(lab, "logs", "ct129", "--no-color")
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout.splitlines()
+    assert all(x.startswith("ct129 | ") for x in shown)
+    texts = [x[len("ct129 | "):] for x in shown]
+    assert len(texts) >= len(expected) > 20
+    assert texts[:len(expected)] == expected  # whole, in order (the server kept logging meanwhile)
+    start = texts.index(TRACEBACK_START)
+    end = texts.index(CUDA_ERROR)
+    assert end - start >= 3 and all(x.startswith(("  ", "Traceback", "Runtime")) or x == TRACEBACK_START
+                                    for x in texts[start + 1:end + 1])
+    assert texts[start:end + 1] == expected[start:end + 1]
+    assert sum(x.startswith("==== sglfleet supervisor: start ") for x in texts) == 3  # good, crash, revert
+    proc = cli(lab, "logs", "ct129", "--json")
+    document = json.loads(proc.stdout)
+    assert [x["line"] for x in document["lines"]][:len(expected)] == expected
+    assert document["hosts"]["ct129"]["source"] == "file" and document["exit_code"] == 0
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_bundle_of_a_deployed_host_has_every_item_and_a_true_index(lab, deployed, tmp_path):
+    import hashlib
+    import tarfile
+
+    proc = cli(lab, "logs", "--bundle", "ct129", "--json", runs=deployed["runs"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    document = json.loads(proc.stdout)
+    run_dir = Path(document["run_dir"])
+    index = json.loads((run_dir / "index.json").read_text())
+    assert index["hosts"] == document["hosts"]
+    entry = index["hosts"]["ct129"]
+    archive = run_dir / "ct129.tar.gz"
+    assert entry["file"] == str(archive) and entry["bytes"] == archive.stat().st_size
+    assert entry["sha256"] == hashlib.sha256(archive.read_bytes()).hexdigest()
+    with tarfile.open(archive) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    manifest = json.loads(members["MANIFEST.json"])
+    assert [i["name"] for i in manifest["items"]] == [i["name"] for i in entry["items"]][:len(manifest["items"])]
+    required = ["logs/qwen36-ddtree.log", "server/launch.sh", "server/sglang.env", "server/unit.service",
+                "server/deployment.json", "releases/current", "smoke/last.json", "system/nvidia-smi.txt",
+                "system/pip-freeze.txt", "system/disk.json", "system/meminfo.txt", "system/dmesg-tail.txt"]
+    status = {i["name"]: i["status"] for i in entry["items"]}
+    for name in required:
+        assert name in members and status[name] in ("ok", "error"), name
+    assert all(status[n] == "ok" for n in required if n != "system/dmesg-tail.txt")
+    assert any(n.startswith("releases/") and n.endswith("/release.json") for n in members)
+    for item in entry["items"]:  # the index's sizes are the archive's
+        if item["status"] == "ok" and item["name"] in members:
+            assert len(members[item["name"]]) == item["bytes"], item["name"]
+    assert TRACEBACK_START.encode() in members["logs/qwen36-ddtree.log"]
+    record = json.loads(members["server/deployment.json"])
+    assert b"sglfleet-sim-server" in members["server/launch.sh"] and record["pid"]
+    assert b"hf_do_not_leak_me" not in members["server/sglang.env"] and b"HF_TOKEN=" in members["server/sglang.env"]
+    assert json.loads(members["smoke/last.json"])["ok"] is True
+    assert b"sglang==" in members["system/pip-freeze.txt"].lower() and b"MemTotal" in members["system/meminfo.txt"]
+    assert b"lab simulation" in members["system/nvidia-smi.txt"].lower()
+    assert on_host(deployed["inventory"], "ct129", "ls /var/tmp/sglfleet-bundles | wc -l").strip() == "0"
+
+
+def exact_log(inventory, host, profile="exact"):
+    """A log with known stamps on the host: one rotated file and the current one."""
+    lines = [line(BASE + i, f"event {i}") for i in range(40)]
+    on_host(inventory, host, f"mkdir -p /var/log/sglfleet && cat > /var/log/sglfleet/{profile}.log.1",
+            stdin="".join(lines[:25]))
+    on_host(inventory, host, f"cat > /var/log/sglfleet/{profile}.log", stdin="".join(lines[25:]))
+    return [x.rstrip("\n") for x in lines]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_since_until_tail_exact_and_since_last_moves_only_new_bytes(lab, inventory, tmp_path):
+    expected = exact_log(inventory, "ct130")
+
+    def texts(*args):
+        proc = cli(lab, "logs", "ct130", "exact", "--json", *args, runs=tmp_path / "runs")
+        assert proc.returncode == 0, proc.stderr
+        document = json.loads(proc.stdout)
+        return [x["line"] for x in document["lines"]], document["hosts"]["ct130"]
+
+    since, until = stamp(BASE + 20).replace(" ", "T"), stamp(BASE + 29).replace(" ", "T")
+    assert texts("--since", since, "--until", until)[0] == expected[20:30]  # across the rotation
+    assert texts("--tail", "7")[0] == expected[-7:]
+    assert texts("--tail", "3", "--grep", r"event 1\d$")[0] == expected[17:20]
+    whole, first = texts()
+    assert whole == expected and first["bytes_read"] == sum(len(x) + 1 for x in expected)
+    added = [line(BASE + 100 + i, f"new {i}") for i in range(3)]
+    on_host(inventory, "ct130", "cat >> /var/log/sglfleet/exact.log", stdin="".join(added))
+    new, state = texts("--since", "last")
+    assert new == [x.rstrip("\n") for x in added]
+    assert state["bytes_read"] == sum(len(x) for x in added) and state["answer_bytes"] < 1500
+    assert texts("--since", "last")[0] == []
+    print(f"\nincremental logs --since last: {state['bytes_read']} log bytes read, {state['answer_bytes']} answer "
+          f"bytes (whole log: {first['bytes_read']} / {first['answer_bytes']})")
+
+
+def session_sshd_pids(lab, name):
+    """The per-connection sshd processes of a lab host (its listener already stopped)."""
+    wanted = lab.namespaces(name)["pid"]
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") != wanted:
+                continue
+            comm = Path(f"/proc/{entry}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("sshd"):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_follow_four_hosts_within_two_seconds_through_an_sshd_restart(lab, inventory, tmp_path):
+    import signal
+    import subprocess
+    import threading
+
+    from .conftest import ROOT, fenced_env
+
+    hosts = ["ct131", "ct132", "ct133", "ct134"]
+    for host in hosts:
+        on_host(inventory, host, "mkdir -p /var/log/sglfleet && cat > /var/log/sglfleet/follow.log",
+                stdin=line(time.time(), f"{host} before"))
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", ",".join(hosts), "follow", "-f",
+                             "--no-color", "-i", str(lab.inventory_path), "--runs-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fenced_env(), cwd=ROOT, text=True)
+    seen: list[tuple[float, str]] = []
+    errors: list[str] = []
+    threading.Thread(target=lambda: [seen.append((time.monotonic(), x.rstrip("\n"))) for x in proc.stdout],
+                     daemon=True).start()
+    threading.Thread(target=lambda: [errors.append(x) for x in proc.stderr], daemon=True).start()
+
+    def wait_for(text, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for when, shown in seen:
+                if shown.endswith(text):
+                    return when
+            time.sleep(0.02)
+        raise AssertionError(f"{text!r} not shown within {timeout}s; shown: {[s for _, s in seen][-10:]}; "
+                             f"stderr: {''.join(errors)}")
+
+    conns = {h: lab_conn(inventory, h) for h in hosts}
+    try:
+        for host in hosts:
+            wait_for(f"{host} before", 30)
+        for host in hosts:  # a new line on each host shows within 2 s
+            written = time.monotonic()
+            assert conns[host].run(f"echo '[{stamp(time.time())}] {host} live' >> /var/log/sglfleet/follow.log").ok
+            assert wait_for(f"{host} live", 5) - written < 2.0, host
+        # ct132 keeps logging while its sshd is stopped and its connections are cut
+        writer = ("i=0; while [ $i -lt 30 ]; do echo \"[$(date '+%Y-%m-%d %H:%M:%S')] ct132 tick $i\" "
+                  ">> /var/log/sglfleet/follow.log; i=$((i+1)); sleep 0.2; done")
+        assert conns["ct132"].run(f"setsid sh -c {shlex.quote(writer)} >/dev/null 2>&1 </dev/null &").ok
+        conns["ct132"].close()
+        wait_for("ct132 tick 0", 5)
+        lab.stop_sshd("ct132")
+        for pid in session_sshd_pids(lab, "ct132"):
+            os.kill(pid, signal.SIGKILL)
+        written = time.monotonic()
+        assert conns["ct131"].run(f"echo '[{stamp(time.time())}] ct131 during' >> /var/log/sglfleet/follow.log").ok
+        assert wait_for("ct131 during", 5) - written < 2.0  # the other hosts are not held up
+        time.sleep(2)
+        lab.start_sshd("ct132")
+        wait_for("ct132 tick 29", 30)
+        ticks = [s for _, s in seen if "ct132 tick" in s]
+        assert ticks == [f"ct132 | [{x.split('[', 1)[1]}" for x in ticks]  # prefixed
+        assert [int(s.rsplit(" ", 1)[1]) for s in ticks] == list(range(30))  # each once, in order
+        assert any("ct132: lost" in e for e in errors) and any("ct132: reconnected" in e for e in errors)
+        written = time.monotonic()
+        assert conns["ct132"].run(f"echo '[{stamp(time.time())}] ct132 after' >> /var/log/sglfleet/follow.log").ok
+        assert wait_for("ct132 after", 5) - written < 2.0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for conn in conns.values():
+            conn.close()
+        try:
+            lab.start_sshd("ct132")
+        except Exception:  # noqa: BLE001 - already running
+            pass
+    assert proc.returncode == 0, "".join(errors)
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_bundle_of_a_1gb_log_keeps_the_controller_small(lab, inventory, tmp_path):
+    import hashlib
+    import tarfile
+
+    host = "ct136"
+    make = ("import os,time\n"
+            "t=time.strftime('%Y-%m-%d %H:%M:%S')\n"
+            "os.makedirs('/var/log/sglfleet',exist_ok=True)\n"
+            "with open('/var/log/sglfleet/big.log','wb') as f:\n"
+            "  n=0\n"
+            "  while n < 1<<30:\n"
+            "    rows=[('[%s] Decode batch, #running-req: 7, #token: 9216, token usage: 0.02, accept len: 3.41, "
+            "accept rate: 0.81, cuda graph: True, gen throughput (token/s): 312.55, #queue-req: 0, rid=%s\\n' "
+            "% (t, os.urandom(16).hex())).encode() for _ in range(4096)]\n"
+            "    b=b''.join(rows); f.write(b); n+=len(b)\n")
+    on_host(inventory, host, f"{inventory.hosts[host].python} -", stdin=make, timeout=600)
+    size, digest = on_host(inventory, host, "stat -c %s /var/log/sglfleet/big.log; "
+                                            "sha256sum /var/log/sglfleet/big.log | cut -d' ' -f1").split()
+    assert int(size) >= 1 << 30
+    code, out, err, wall, usage = cli_measured(lab, "logs", "--bundle", host, "big", "--json", "--runs-dir",
+                                               str(tmp_path / "runs"))
+    assert code == 0, out + err
+    rss_mib = usage.ru_maxrss / 1024
+    print(f"\nbundle of a {int(size) / 2**30:.2f} GiB log: {wall:.1f}s, controller peak RSS {rss_mib:.0f} MiB")
+    assert rss_mib < 200
+    archive = Path(json.loads(out)["run_dir"]) / f"{host}.tar.gz"
+    with tarfile.open(archive, "r|gz") as tar:  # streamed: the test stays small too
+        for member in tar:
+            if member.name == "logs/big.log":
+                assert member.size == int(size)
+                h = hashlib.sha256()
+                fh = tar.extractfile(member)
+                while chunk := fh.read(1 << 20):
+                    h.update(chunk)
+                assert h.hexdigest() == digest
+                break
+        else:
+            raise AssertionError("logs/big.log not in the bundle")
+    on_host(inventory, host, "rm -f /var/log/sglfleet/big.log")

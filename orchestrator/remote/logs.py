@@ -493,6 +493,11 @@ class Bundle:
         """A file streamed into the tar (never read whole unless `redact`)."""
         try:
             st = os.stat(source)
+            if st.st_size == 0 and source.startswith("/proc/"):  # procfs files say 0 bytes; they are small
+                with open(source, "rb") as fh:
+                    data = fh.read(1 << 20)
+                self.add_bytes(name, data, what, source=source)
+                return
             if redact:
                 with open(source, "rb") as fh:
                     data = redact_env(fh.read().decode("utf-8", "replace")).encode()

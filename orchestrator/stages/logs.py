@@ -324,14 +324,20 @@ def run_dir(base: str | Path, kind: str) -> Path:
 
 
 def last_smoke(runs: str | Path, host: str) -> dict[str, Any] | None:
-    """The newest runs/*-smoke/HOST.json on this controller."""
-    for directory in sorted(Path(runs).glob("*-smoke*"), reverse=True):
+    """The newest smoke result for HOST on this controller: runs/*-smoke/HOST.json, or the smoke
+    part of a deploy's runs/*-deploy/HOST.json (run dirs start with their time, so names sort)."""
+    dirs = [d for d in Path(runs).glob("*-*") if d.name.split("-", 1)[1].startswith(("smoke", "deploy"))]
+    for directory in sorted(dirs, key=lambda d: d.name, reverse=True):
         candidate = directory / f"{host}.json"
-        if candidate.is_file():
-            try:
-                return {"from": str(candidate), "document": json.loads(candidate.read_text())}
-            except ValueError:
-                continue
+        try:
+            document = json.loads(candidate.read_text())
+        except (OSError, ValueError):
+            continue
+        if "-deploy" in directory.name:
+            document = document.get("smoke") if isinstance(document, dict) else None
+            if not document:
+                continue  # a deploy that stopped before its smoke
+        return {"from": str(candidate), "document": document}
     return None
 
 
