@@ -13,6 +13,7 @@ import typer
 
 from ..errors import SglfleetError
 from . import deploy, fleet, lab, logs, output, releases, serve
+from . import rollout
 from .common import GLOBALS, InventoryOpt
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -27,6 +28,7 @@ def options(inventory_path: Optional[str] = InventoryOpt) -> None:
 
 for family in (fleet, releases, serve, deploy, logs, lab):
     family.register(app)
+rollout.register(app)  # `restart --rolling` (stages.rollout)
 
 
 def main() -> None:

@@ -1,0 +1,231 @@
+"""The lab's real SGLang router: install it once per machine, start and stop it beside a lab.
+
+The router is the real `sglang-router` from PyPI (the "SGLang Model Gateway", a Rust binary
+behind a Python console script), pinned to ROUTER_VERSION and installed into its own venv in the
+machine's cache (SGLFLEET_LAB_ROUTER_DIR, default /var/cache/sglfleet/router-<version>), never
+into the project's .venv. Installing needs the network, so it is a setup step, run outside the
+test jail:
+
+    python -m orchestrator.lab.router install     # idempotent; `make setup` runs it
+    python -m orchestrator.lab.router status
+
+`LabRouter` starts the router on the lab's own loopback address (<subnet>.254, port 30000; the
+lab's hosts use .1 to .253), with retries off unless asked, in its own session so it outlives
+the `lab up` that started it; its pid, argv and log live in the lab's state dir. It starts with
+the workers it is given (none by default: the lab's servers are not deployed yet); `restart
+--rolling` registers healthy servers it finds missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import SglfleetError
+from ..fleet.router import RouterClient, RouterError
+from ..fleet.safety import check_target
+
+ROUTER_VERSION = "0.3.2"
+ROUTER_ADDRESS_OCTET = 254
+ROUTER_PORT = 30000
+PROMETHEUS_PORT = 29000
+
+
+class RouterMissing(SglfleetError):
+    """sglang-router is not installed in the lab's cache."""
+
+
+def install_dir() -> Path:
+    return Path(os.environ.get("SGLFLEET_LAB_ROUTER_DIR", f"/var/cache/sglfleet/router-{ROUTER_VERSION}"))
+
+
+def binary() -> Path:
+    return install_dir() / "bin" / "sglang-router"
+
+
+def _stamp() -> Path:
+    return install_dir() / ".sglfleet-router"
+
+
+def installed() -> bool:
+    stamp = _stamp()
+    return stamp.exists() and stamp.read_text().strip() == ROUTER_VERSION and binary().exists()
+
+
+def missing_reason() -> str | None:
+    if installed():
+        return None
+    return (f"sglang-router {ROUTER_VERSION} is not installed in {install_dir()}: run "
+            f"`python -m orchestrator.lab.router install` (needs PyPI; `make setup` does it)")
+
+
+def require() -> Path:
+    reason = missing_reason()
+    if reason:
+        raise RouterMissing(reason)
+    return binary()
+
+
+def install(log=print) -> Path:
+    """Install sglang-router==ROUTER_VERSION into its own venv; a no-op when it is there.
+    Built beside its final place and renamed in, so an interrupted install leaves nothing that
+    looks installed."""
+    target = install_dir()
+    if installed():
+        return target
+    python = getattr(sys, "_base_executable", None) or sys.executable
+    # A venv's scripts carry its path in their shebang: build at the final path, stamp last.
+    if target.exists():
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log(f"installing sglang-router {ROUTER_VERSION} into {target} (about 90 MB)")
+    subprocess.run([python, "-m", "venv", str(target)], check=True)
+    result = subprocess.run([str(target / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                             f"sglang-router=={ROUTER_VERSION}"], capture_output=True, text=True)
+    if result.returncode != 0 or not binary().exists():
+        raise SglfleetError(f"pip install sglang-router=={ROUTER_VERSION} failed (exit {result.returncode}):\n"
+                            f"{result.stdout}{result.stderr}".rstrip())
+    _stamp().write_text(ROUTER_VERSION + "\n")
+    return target
+
+
+# ---------------------------------------------------------------- a running router
+
+
+def router_address(subnet: str) -> str:
+    return f"{subnet}.{ROUTER_ADDRESS_OCTET}"
+
+
+class LabRouter:
+    """One router process for one lab: `state_dir/router.json` says what runs."""
+
+    def __init__(self, state_dir: Path, subnet: str, port: int = ROUTER_PORT,
+                 prometheus_port: int = PROMETHEUS_PORT):
+        self.state_dir = Path(state_dir)
+        self.address = router_address(subnet)
+        self.port = port
+        self.prometheus_port = prometheus_port
+        self.state_file = self.state_dir / "router.json"
+        self.log_path = self.state_dir / "router.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def _state(self) -> dict | None:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def running(self) -> bool:
+        state = self._state()
+        return bool(state) and _same_process(state.get("pid"), state.get("argv0"))
+
+    def start(self, worker_urls: list[str] = (), policy: str = "round_robin", retries: bool = False,
+              health_interval_s: float = 1.0, timeout: float = 60.0) -> str:
+        """Start it (a no-op when it runs); its URL once it answers GET /workers."""
+        if self.running():
+            return self.url
+        check_target(self.address, "lab router")
+        for url in worker_urls:
+            RouterClient(url)  # validates the form; the router itself connects to them
+        argv = [str(require()), "launch", "--host", self.address, "--port", str(self.port),
+                "--policy", policy, "--prometheus-host", self.address,
+                "--prometheus-port", str(self.prometheus_port),
+                "--health-check-interval-secs", str(max(1, int(health_interval_s))), "--log-level", "info"]
+        if worker_urls:
+            argv += ["--worker-urls", *worker_urls]
+        if not retries:
+            argv.append("--disable-retries")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
+        finally:
+            log.close()
+        self.state_file.write_text(json.dumps({"pid": proc.pid, "argv0": argv[0], "argv": argv,
+                                               "url": self.url, "started": time.time()}))
+        client = RouterClient(self.url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SglfleetError(f"sglang-router exited with code {proc.returncode} at start; its log "
+                                    f"({self.log_path}):\n{_tail(self.log_path)}")
+            try:
+                client.workers()
+                return self.url
+            except RouterError:
+                time.sleep(0.2)
+        self.stop()
+        raise SglfleetError(f"sglang-router did not answer on {self.url} within {timeout:.0f}s; its log "
+                            f"({self.log_path}):\n{_tail(self.log_path)}")
+
+    def stop(self, grace: float = 10.0) -> bool:
+        """SIGTERM, SIGKILL after `grace`; True when one was running."""
+        state = self._state()
+        self.state_file.unlink(missing_ok=True)
+        if not state or not _same_process(state.get("pid"), state.get("argv0")):
+            return False
+        pid = int(state["pid"])
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                return True
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                if not _same_process(pid, state.get("argv0")):
+                    return True
+                time.sleep(0.05)
+        return True
+
+
+def _same_process(pid: object, argv0: object) -> bool:
+    """The pid runs the router we started (a reused pid does not count)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return any(part.decode(errors="replace") == argv0 for part in cmdline[:2])
+
+
+def _tail(path: Path, limit: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:]
+    except OSError:
+        return "(no log)"
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "status"
+    if command == "install":
+        path = install()
+        print(f"sglang-router {ROUTER_VERSION}: {binary()} ({'installed' if installed() else 'MISSING'}) in {path}")
+        return 0
+    if command == "status":
+        reason = missing_reason()
+        print(reason or f"sglang-router {ROUTER_VERSION}: {binary()}")
+        return 1 if reason else 0
+    print("usage: python -m orchestrator.lab.router install|status", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

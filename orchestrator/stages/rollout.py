@@ -1,0 +1,628 @@
+"""Rolling restart and rolling deploy behind SGLang routers: one batch at a time, never more
+than `max_unavailable` hosts out of routing, a failure budget per batch, automatic revert.
+
+The plan (no host touched):
+    batches       Ansible's `serial`: a number, a percentage or a list ("1,25%": a canary, then a
+                  quarter of the hosts at a time; the last entry repeats)
+    capacity      a host counts as unavailable while it is out of any router fronting it, or when
+                  it was down before the rollout; the rollout refuses to start when those already
+                  fill `max_unavailable`, with the table of who is down
+Per host, in its batch (the batch's hosts in parallel, each taking a capacity slot):
+    prepare       stages.deploy.HostDeploy up to its launch: plan, push, smoke (SGLang's own
+                  validation) while the host still serves; a host that needs nothing ("unchanged")
+                  is never taken out
+    take out      (right before the launch stops the old server) remove the worker from every
+                  router fronting it (`router_url`), wait until none lists it; wait until its
+                  in-flight requests (/metrics) reach 0, bounded by `drain_timeout`
+    replace       HostDeploy's launch: SIGTERM, SGLang's drain, SIGKILL after `stop_grace`; start;
+                  staged health (alive, port, /health, /health_generate, /generate, /server_info);
+                  on failure HostDeploy reverts to the previous deployment
+    min_ready     the worker must stay healthy that long (Kubernetes' minReadySeconds)
+    put back      add it to every router and wait until each reports it healthy (also after a
+                  revert: the previous deployment serves again)
+After each batch: failed / batch size above `max_fail_percentage` (exceeded, not equalled) halts
+the rollout; hosts not reached are untouched; `resume=True` (CLI --continue) picks up at the first
+host not done, from the state file.
+
+Round trips per host are HostDeploy's (see stages/deploy.py); the router calls are HTTP from
+this machine (fleet/router.py), each URL checked by the loopback guard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ConfigError, SglfleetError
+from ..fleet.group import Group, TaskOutcome
+from ..fleet.hostkeys import KnownHosts
+from ..fleet.inventory import Host, Inventory
+from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_healthy, worker_in_flight)
+from ..spec.profile import Artifacts, Profile, with_overrides
+from . import deploy as deploy_stage
+
+WILDCARD_BINDS = ("0.0.0.0", "::", "")
+
+# (kind, host or None, text): kinds "batch", "stage", "host-done", "halt", "note"
+Events = Callable[[str, str | None, str], None]
+
+
+class RolloutRefused(SglfleetError):
+    """The fleet is already below the capacity the plan needs (exit 1), with the table."""
+
+    def __init__(self, message: str, table: list[dict[str, Any]]):
+        super().__init__(message)
+        self.table = table
+
+
+class Aborted(SglfleetError):
+    """The rollout stopped before this host was taken out (halt or interrupt)."""
+
+
+# ---------------------------------------------------------------- planning (no host touched)
+
+
+def parse_serial(text: str | int | list[Any]) -> list[int | str]:
+    """'1,25%' -> [1, '25%']; each entry a positive count or a percentage in (0, 100]."""
+    items = text if isinstance(text, list) else [p.strip() for p in str(text).split(",")]
+    out: list[int | str] = []
+    for item in items:
+        item = str(item).strip()
+        if item.endswith("%"):
+            try:
+                value = float(item[:-1])
+            except ValueError:
+                raise ConfigError(f"--batch entry '{item}' is not a percentage like 25%") from None
+            if not 0 < value <= 100:
+                raise ConfigError(f"--batch percentage must be in (0, 100], got '{item}'")
+            out.append(item)
+            continue
+        try:
+            count = int(item)
+        except ValueError:
+            raise ConfigError(f"--batch entry '{item}' is neither a host count nor a percentage "
+                              "(e.g. --batch 1,25%)") from None
+        if count < 1:
+            raise ConfigError(f"--batch host count must be at least 1, got '{item}'")
+        out.append(count)
+    if not out:
+        raise ConfigError("--batch is empty (e.g. --batch 1, --batch 25%, --batch 1,25%)")
+    return out
+
+
+def batch_size(entry: int | str, total: int) -> int:
+    """Ansible's rule: a percentage of all the play's hosts, rounded down, at least 1."""
+    if isinstance(entry, str) and entry.endswith("%"):
+        return max(1, int(float(entry[:-1]) * total / 100.0))
+    return int(entry)
+
+
+def plan_batches(hosts: list[str], serial: list[int | str], total: int | None = None) -> list[list[str]]:
+    """Consecutive batches of `hosts`; the last serial entry repeats until every host is in one.
+    `total` (default len(hosts)) is what percentages are of (a resumed rollout keeps the fleet's)."""
+    total = len(hosts) if total is None else total
+    batches, i, k = [], 0, 0
+    while i < len(hosts):
+        size = batch_size(serial[min(k, len(serial) - 1)], total)
+        batches.append(hosts[i:i + size])
+        i += size
+        k += 1
+    return batches
+
+
+def parse_max_unavailable(text: str | int | None, total: int) -> int | None:
+    """A count or a percentage of the fleet (rounded down, at least 1); None: no limit."""
+    if text is None or text == "":
+        return None
+    item = str(text).strip()
+    if item.endswith("%"):
+        try:
+            value = float(item[:-1])
+        except ValueError:
+            raise ConfigError(f"--max-unavailable '{item}' is not a count or a percentage") from None
+        if not 0 < value <= 100:
+            raise ConfigError(f"--max-unavailable percentage must be in (0, 100], got '{item}'")
+        return max(1, int(value * total / 100.0))
+    try:
+        count = int(item)
+    except ValueError:
+        raise ConfigError(f"--max-unavailable '{item}' is not a count or a percentage") from None
+    if count < 1:
+        raise ConfigError(f"--max-unavailable must be at least 1 (a rollout takes hosts out), got {count}")
+    return count
+
+
+def batch_halts(failed: int, size: int, max_fail_percentage: float) -> bool:
+    """Ansible's max_fail_percentage: the batch's failed share must EXCEED it to halt."""
+    if size <= 0 or failed <= 0:
+        return False
+    return failed * 100.0 / size > max_fail_percentage
+
+
+# ---------------------------------------------------------------- who fronts whom
+
+
+def host_routers(host: Host) -> list[str]:
+    """`router_url` (one URL or a list) from the host's merged vars."""
+    value = host.vars.get("router_url") or host.vars.get("router_urls")
+    if not value:
+        return []
+    urls = [value] if isinstance(value, str) else list(value)
+    return [normalize_url(str(u)) for u in urls]
+
+
+def worker_url(host: Host, profile: Profile) -> str:
+    """How a router reaches the host's server: `router_worker_url`, else http://BIND:PORT with the
+    profile (and the host's profile_overrides) and server_bind, a wildcard bind meaning the host's
+    address."""
+    if host.vars.get("router_worker_url"):
+        return normalize_url(str(host.vars["router_worker_url"]))
+    overrides = (host.vars.get("profile_overrides") or {}).get(profile.name) if \
+        isinstance(host.vars.get("profile_overrides"), dict) else None
+    p = with_overrides(profile, overrides, host.name).model
+    bind = str(host.vars.get("server_bind") or p.server.host)
+    if bind in WILDCARD_BINDS:
+        bind = host.address
+    if ":" in bind and not bind.startswith("["):
+        bind = f"[{bind}]"
+    return f"http://{bind}:{p.server.port}"
+
+
+# ---------------------------------------------------------------- capacity
+
+
+class Capacity:
+    """Never more than `limit` hosts unavailable: those down before the rollout count from the
+    start; a host holds a slot from its removal from routing until it is healthy in every router."""
+
+    def __init__(self, limit: int | None, down: set[str], stop: threading.Event):
+        self.limit, self.out, self.stop = limit, set(down), stop
+        self.cond = threading.Condition()
+        self.peak = len(self.out)
+
+    def acquire(self, host: str) -> None:
+        with self.cond:
+            while self.limit is not None and host not in self.out and len(self.out) >= self.limit:
+                if self.stop.is_set():
+                    raise Aborted(f"{host}: not taken out: the rollout is stopping")
+                self.cond.wait(0.2)
+            if self.stop.is_set() and host not in self.out:
+                raise Aborted(f"{host}: not taken out: the rollout is stopping")
+            self.out.add(host)
+            self.peak = max(self.peak, len(self.out))
+
+    def release(self, host: str) -> None:
+        with self.cond:
+            self.out.discard(host)
+            self.cond.notify_all()
+
+
+class RouterWatch:
+    """Polls every router and keeps the fewest healthy fleet workers seen (a test's witness)."""
+
+    def __init__(self, routers: dict[str, set[str]], interval: float = 0.1):
+        self.routers, self.interval = routers, interval  # router URL -> the fleet's worker URLs
+        self.min_healthy: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        clients = {url: RouterClient(url, timeout=3) for url in self.routers}
+        while not self._stop.is_set():
+            for url, client in clients.items():
+                try:
+                    healthy = sum(1 for w in client.workers() if w.healthy and w.url in self.routers[url])
+                except RouterError:
+                    continue
+                self.min_healthy[url] = min(self.min_healthy.get(url, healthy), healthy)
+            self.samples += 1
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "RouterWatch":
+        if self.routers:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+# ---------------------------------------------------------------- options and state
+
+
+@dataclass
+class RolloutOptions:
+    mode: str                      # "restart" (same deployment) | "deploy" (the profile's, new)
+    serial: list[int | str] = field(default_factory=lambda: [1])
+    max_unavailable: str | int | None = None
+    max_fail_percentage: float = 0.0
+    drain_timeout: float = 120.0   # seconds for in-flight requests to reach 0 once out of routing
+    min_ready: float = 10.0
+    router_timeout: float = 60.0   # seconds for a router to show a removal / a healthy worker
+    resume: bool = False
+    deploy: deploy_stage.DeployOptions | None = None
+    state_dir: Path = Path("runs")
+    # TEST ONLY: SIGTERM without taking the host out of routing or waiting for its requests (the
+    # control run that proves the zero-failure test can fail). Never exposed on the CLI.
+    unsafe_skip_drain: bool = False
+
+
+def state_path(options: RolloutOptions, inventory_path: str, pattern: str, profile: Profile) -> Path:
+    key = hashlib.sha256(json.dumps([options.mode, str(Path(inventory_path).resolve()), pattern,
+                                     str(profile.path)]).encode()).hexdigest()[:12]
+    return Path(options.state_dir) / "rollouts" / f"{options.mode}-{profile.name}-{key}.json"
+
+
+# ---------------------------------------------------------------- one host
+
+
+class _RestartDeploy(deploy_stage.HostDeploy):
+    """ADAPTER (until stages.deploy has a restart of its own): HostDeploy restarting the deployment
+    that runs. It has the plan read the running server as needing a start, so the pipeline runs
+    its smoke gate, launch (which stops the running server with its drain), health and revert;
+    anything else that would change (a release to push, another argv) is refused: that is
+    `deploy --rolling`."""
+
+    def _plan(self) -> dict[str, Any]:
+        planned = super()._plan()
+        running = planned.get("running") or {}
+        self.was_alive = bool(running.get("alive"))
+        if running.get("alive") and running.get("record"):
+            planned["running"] = dict(running, alive=False)  # restart_reasons: "server not running"
+        return planned
+
+    def _change(self, planned: dict[str, Any], host_plan: Any, files: dict[str, str], desired: dict[str, Any],
+                mode: str) -> dict[str, Any]:
+        # The same argv, env and release: only the rendered files' text may differ (their comments
+        # name the inventory file), which a restart rewrites harmlessly.
+        drift = [r for r in self.doc.get("restart_reasons") or []
+                 if not r.startswith(("server not running", "launch script or unit changed"))]
+        self.doc["running_before"]["alive"] = self.was_alive
+        if drift or host_plan.changes:
+            self.finish(None)
+            return self.fail("plan", f"{self.host.name}: restart refused: what runs is not what the profile "
+                             f"deploys ({'; '.join(drift) or f'{len(host_plan.changes)} release file(s) to push'}); "
+                             f"use `sglfleet deploy --rolling` to change it", refused=True)
+        self.doc["restart_reasons"] = ["rolling restart" if self.was_alive else "server not running"]
+        return super()._change(planned, host_plan, files, desired, mode)
+
+
+class HostRoll:
+    """One host's turn: prepare, take out, replace, min_ready, put back; returns its document."""
+
+    def __init__(self, run: "Rollout", conn: Any):
+        self.run, self.conn, self.host = run, conn, conn.host
+        self.name = conn.host.name
+        self.url = run.worker_urls[self.name]
+        self.routers = [RouterClient(u, timeout=10) for u in host_routers(self.host)]
+        self.taken_out = False
+        self.times: dict[str, float] = {}
+
+    def stage(self, text: str) -> None:
+        self.run.event("stage", self.name, text)
+
+    def note(self, text: str) -> None:
+        self.stage(text)
+        if text == "launch":  # HostDeploy is about to stop the old server: take the host out first
+            self.take_out()
+
+    def take_out(self) -> None:
+        started = time.monotonic()
+        self.run.capacity.acquire(self.name)
+        self.times["waited_for_slot_s"] = round(time.monotonic() - started, 3)
+        try:
+            self._take_out()
+        except BaseException:
+            # Not stopped yet (the launch never ran): it keeps serving, so it goes back in routing.
+            try:
+                self.put_back()
+            except RouterError:
+                self.taken_out = True  # it stays out, and holds its slot
+            raise
+        self.taken_out = True
+
+    def _take_out(self) -> None:
+        if self.run.options.unsafe_skip_drain:
+            return
+        began = time.monotonic()
+        for router in self.routers:
+            self.stage(f"remove from {router.url}")
+            router.remove_url(self.url)
+            router.wait_absent(self.url, self.run.options.router_timeout)
+        self.times["remove_s"] = round(time.monotonic() - began, 3)
+        began = time.monotonic()
+        deadline = began + self.run.options.drain_timeout
+        in_flight = worker_in_flight(self.url)
+        while in_flight and time.monotonic() < deadline:
+            self.stage(f"drain: {in_flight} in flight ({time.monotonic() - began:.1f}s / "
+                       f"{self.run.options.drain_timeout:.0f}s)")
+            time.sleep(0.1)
+            in_flight = worker_in_flight(self.url)
+        self.times["drain_s"] = round(time.monotonic() - began, 3)
+        self.times["in_flight_at_stop"] = in_flight if in_flight is not None else "unknown (no /metrics)"
+
+    def put_back(self) -> None:
+        began = time.monotonic()
+        for router in self.routers:
+            self.stage(f"add to {router.url}")
+            router.ensure(self.url, self.run.options.router_timeout)
+        self.times["add_s"] = round(time.monotonic() - began, 3)
+        self.run.capacity.release(self.name)
+        self.taken_out = False
+
+    def stays_ready(self) -> str | None:
+        """None when the worker answered /health 200 for min_ready seconds straight."""
+        began = time.monotonic()
+        while time.monotonic() - began < self.run.options.min_ready:
+            if not worker_healthy(self.url, timeout=5):
+                return f"not healthy {time.monotonic() - began:.1f}s into min_ready " \
+                       f"({self.run.options.min_ready:.0f}s)"
+            self.stage(f"min_ready {time.monotonic() - began:.1f}s / {self.run.options.min_ready:.0f}s")
+            time.sleep(0.25)
+        self.times["min_ready_s"] = round(time.monotonic() - began, 3)
+        return None
+
+    def __call__(self) -> dict[str, Any]:
+        run = self.run
+        kind = _RestartDeploy if run.options.mode == "restart" else deploy_stage.HostDeploy
+        started = time.monotonic()
+        self.stage("prepare")
+        doc = kind(self.conn, run.profile, run.artifacts, run.inventory.path, run.deploy_options, self.note).run()
+        doc["worker_url"], doc["routers"] = self.url, [r.url for r in self.routers]
+        if not self.taken_out:
+            # Nothing changed on the host (unchanged, refused, or failed before its launch).
+            doc["outcome"] = "unchanged" if doc.get("ok") else "failed (untouched)"
+            doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
+            return doc
+        reverted = doc.get("reverted") or {}
+        if doc.get("ok"):
+            why = self.stays_ready()
+            if why:
+                doc.update(ok=False, phase="min_ready", summary=f"{self.name}: {why}; left out of routing "
+                           "(it may crash again): check `sglfleet status`", outcome="failed (out of routing)")
+                doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
+                return doc
+            doc["outcome"] = "restarted" if run.options.mode == "restart" else "deployed"
+        elif reverted.get("healthy"):
+            doc["outcome"] = "failed, reverted"
+        else:
+            doc["outcome"] = "failed (out of routing)"
+            doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
+            return doc
+        try:
+            self.put_back()
+        except RouterError as exc:
+            doc.update(ok=False, summary=f"{doc.get('summary') or ''}; putting it back in routing FAILED: {exc}",
+                       outcome="failed (out of routing)")
+        doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
+        return doc
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+class Rollout:
+    """`preflight()` then `run()`; the document `run()` returns is what the CLI prints (or --json)."""
+
+    def __init__(self, inventory: Inventory, pattern: str, profile: Profile, artifacts: Artifacts | None,
+                 options: RolloutOptions, events: Events = lambda kind, host, text: None,
+                 host_key_policy: str | None = None):
+        if options.mode not in ("restart", "deploy"):
+            raise ConfigError(f"rollout mode must be restart or deploy, got {options.mode!r}")
+        if options.max_fail_percentage < 0 or options.max_fail_percentage > 100:
+            raise ConfigError(f"--max-fail-percentage must be in [0, 100], got {options.max_fail_percentage:g}")
+        for name, value in (("--drain-timeout", options.drain_timeout), ("--min-ready", options.min_ready),
+                            ("--router-timeout", options.router_timeout)):
+            if value < 0:
+                raise ConfigError(f"{name} must be >= 0 seconds, got {value:g}")
+        self.inventory, self.pattern, self.profile = inventory, pattern, profile
+        self.artifacts = artifacts if artifacts is not None else profile.artifacts()
+        self.options, self.events, self.host_key_policy = options, events, host_key_policy
+        self.hosts = inventory.select(pattern)
+        if not self.hosts:
+            raise ConfigError(f"pattern '{pattern}' selects no host")
+        self.deploy_options = options.deploy or deploy_stage.DeployOptions(command=f"sglfleet rollout {options.mode}")
+        self.worker_urls = {h.name: worker_url(h, profile) for h in self.hosts}
+        self.max_unavailable = parse_max_unavailable(options.max_unavailable, len(self.hosts))
+        self.stop = threading.Event()
+        self.capacity = Capacity(self.max_unavailable, set(), self.stop)
+        self.state_file = state_path(options, inventory.path, pattern, profile)
+        self.fleet: list[dict[str, Any]] = []
+
+    def event(self, kind: str, host: str | None, text: str) -> None:
+        self.events(kind, host, text)
+
+    # ------------------------------------------------------------ before anything changes
+
+    def routers(self) -> dict[str, set[str]]:
+        """Router URL -> the worker URLs of this fleet it fronts."""
+        out: dict[str, set[str]] = {}
+        for h in self.hosts:
+            for url in host_routers(h):
+                out.setdefault(url, set()).add(self.worker_urls[h.name])
+        return out
+
+    def preflight(self) -> list[dict[str, Any]]:
+        """Each host: in which routers, healthy or why not. A healthy server missing from a router
+        is added (that only adds capacity); a host still unavailable is down, and counts."""
+        listed: dict[str, dict[str, Any]] = {}
+        for url in self.routers():
+            try:
+                listed[url] = {w.url: w for w in RouterClient(url).workers()}
+            except RouterError as exc:
+                raise RolloutRefused(f"cannot read router {url}: {exc}", []) from None
+        table = []
+        for h in self.hosts:
+            url = self.worker_urls[h.name]
+            row: dict[str, Any] = {"host": h.name, "worker_url": url, "routers": host_routers(h), "up": True,
+                                   "why": "", "registered": []}
+            serving = None
+            for router in host_routers(h):
+                worker = listed[router].get(url)
+                if worker is not None and worker.healthy:
+                    continue
+                serving = worker_healthy(url) if serving is None else serving
+                if worker is None and serving:
+                    try:
+                        RouterClient(router).ensure(url, self.options.router_timeout)
+                        row["registered"].append(router)
+                        continue
+                    except RouterError as exc:
+                        row.update(up=False, why=f"healthy but could not be added to {router}: {exc}")
+                        break
+                row.update(up=False, why=(f"unhealthy in {router}" if worker is not None else
+                                          f"not in {router}, and its server does not answer /health"))
+                break
+            if not host_routers(h) and not worker_healthy(url):
+                row.update(up=False, why="its server does not answer /health (no router fronts it)")
+            table.append(row)
+        self.fleet = table
+        return table
+
+    def check_capacity(self, table: list[dict[str, Any]]) -> None:
+        down = [r for r in table if not r["up"]]
+        self.capacity = Capacity(self.max_unavailable, {r["host"] for r in down}, self.stop)
+        if down and self.max_unavailable is not None and len(down) >= self.max_unavailable:
+            names = ", ".join(f"{r['host']} ({r['why']})" for r in down)
+            raise RolloutRefused(
+                f"refusing to start: {len(down)} of {len(table)} host(s) are already unavailable ({names}) and "
+                f"--max-unavailable is {self.max_unavailable}, so no host could be taken out without going below "
+                f"{len(table) - self.max_unavailable} serving. Bring them back, raise --max-unavailable, or leave "
+                f"them out of the pattern.", table)
+
+    # ------------------------------------------------------------ state (for --continue)
+
+    def _load_state(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_state(self, state: dict[str, Any]) -> None:
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, default=str))
+        tmp.replace(self.state_file)
+
+    # ------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        names = [h.name for h in self.hosts]
+        state = self._load_state() if self.options.resume else {}
+        if self.options.resume and not state:
+            raise ConfigError(f"--continue: no halted rollout to resume ({self.state_file} does not exist)")
+        done = set(state.get("done") or []) & set(names)
+        todo = [n for n in names if n not in done]
+        table = self.preflight()
+        self.check_capacity(table)
+        batches = plan_batches(todo, self.options.serial, total=len(names))
+        state = {"mode": self.options.mode, "pattern": self.pattern, "profile": self.profile.name,
+                 "done": sorted(done), "hosts": state.get("hosts") or {}, "halted": None}
+        self._save_state(state)
+        by_name = {h.name: h for h in self.hosts}
+        known = KnownHosts(self.inventory.known_hosts_path)
+        docs: dict[str, dict[str, Any]] = {}
+        halted: dict[str, Any] | None = None
+        batch_rows = []
+        with RouterWatch(self.routers()) as watch:
+            for index, batch in enumerate(batches, 1):
+                if self.stop.is_set():
+                    halted = {"batch": index, "why": "interrupted"}
+                    break
+                self.event("batch", None, f"batch {index}/{len(batches)}: {', '.join(batch)}")
+                b_started = time.monotonic()
+                group = Group([by_name[n] for n in batch], known, forks=len(batch),
+                              host_key_policy=self.host_key_policy, inventory=self.inventory, stop=self.stop)
+                with group:
+                    results = group.run(lambda conn: self._host_task(conn), "rollout")
+                failed = []
+                for name, r in results.items():
+                    doc = r.value if isinstance(r.value, dict) else \
+                        {"ok": False, "outcome": "failed (untouched)" if isinstance(r.exception, Aborted)
+                         else "failed", "summary": r.error}
+                    docs[name] = doc
+                    self.event("host-done", name, f"{doc.get('outcome')}: {(doc.get('summary') or '').splitlines()[0] if doc.get('summary') else ''}")
+                    state["hosts"][name] = {k: doc.get(k) for k in ("outcome", "release", "deploy_id", "summary")}
+                    if doc.get("ok"):
+                        state["done"] = sorted(set(state["done"]) | {name})
+                    else:
+                        failed.append(name)
+                self._save_state(state)
+                halts = batch_halts(len(failed), len(batch), self.options.max_fail_percentage)
+                batch_rows.append({"batch": index, "hosts": batch, "failed": failed,
+                                   "seconds": round(time.monotonic() - b_started, 3), "halted": halts})
+                if results.interrupted:
+                    halted = {"batch": index, "why": "interrupted"}
+                    break
+                if halts:
+                    halted = {"batch": index, "why": f"{len(failed)} of {len(batch)} host(s) failed in batch {index} "
+                              f"({len(failed) * 100.0 / len(batch):.0f}% > --max-fail-percentage "
+                              f"{self.options.max_fail_percentage:g})", "failed": failed}
+                    self.event("halt", None, halted["why"])
+                    break
+        untouched = [n for n in todo if n not in docs]
+        state["halted"] = halted
+        self._save_state(state)
+        if halted is None and not any(not d.get("ok") for d in docs.values()):
+            self.state_file.unlink(missing_ok=True)  # finished: nothing to continue
+        hosts = {}
+        for name in names:
+            if name in docs:
+                d = docs[name]
+                hosts[name] = {"outcome": d.get("outcome"), "ok": bool(d.get("ok")),
+                               "release": _release_now(d), "summary": d.get("summary"),
+                               "times": d.get("rollout_times"), "health": d.get("health"),
+                               "seconds": d.get("rollout_seconds"), "detail": d}
+            elif name in done:
+                hosts[name] = {"outcome": "done earlier (--continue)", "ok": True,
+                               "release": (state["hosts"].get(name) or {}).get("release")}
+            else:
+                hosts[name] = {"outcome": "untouched", "ok": True, "release": None}
+        failed_hosts = [n for n, d in docs.items() if not d.get("ok")]
+        return {"command": f"{self.options.mode} --rolling", "pattern": self.pattern, "profile": self.profile.name,
+                "batches": batch_rows, "planned_batches": batches, "hosts": hosts, "halted": halted,
+                "untouched": untouched, "failed": failed_hosts, "preflight": table,
+                "max_unavailable": self.max_unavailable, "max_unavailable_peak": self.capacity.peak,
+                "min_healthy_workers": watch.min_healthy, "router_samples": watch.samples,
+                "state_file": str(self.state_file) if self.state_file.exists() else None,
+                "seconds": round(time.monotonic() - started, 3),
+                "exit_code": 130 if (halted or {}).get("why") == "interrupted" else (1 if failed_hosts or halted else 0)}
+
+    def _host_task(self, conn: Any) -> Any:
+        doc = HostRoll(self, conn)()
+        return TaskOutcome(bool(doc.get("ok")), doc, None if doc.get("ok") else doc.get("summary"))
+
+
+def _release_now(doc: dict[str, Any]) -> str | None:
+    """The release the host serves after its turn (the previous one when it was reverted)."""
+    reverted = doc.get("reverted") or {}
+    if reverted.get("healthy"):
+        return reverted.get("release") or "pristine"
+    if doc.get("release") is not None or doc.get("ok"):
+        return doc.get("release") or "pristine"
+    before = doc.get("running_before") or {}
+    return before.get("release") or ("pristine" if before else None)
+
+
+def rolling_deploy(inventory: Inventory, pattern: str, profile: Profile, options: RolloutOptions,
+                   events: Events = lambda kind, host, text: None, host_key_policy: str | None = None,
+                   artifacts: Artifacts | None = None) -> dict[str, Any]:
+    """`deploy --rolling`: the profile's deployment, batch by batch behind the routers."""
+    options.mode = "deploy"
+    return Rollout(inventory, pattern, profile, artifacts, options, events, host_key_policy).run()
+
+
+def rolling_restart(inventory: Inventory, pattern: str, profile: Profile, options: RolloutOptions,
+                    events: Events = lambda kind, host, text: None, host_key_policy: str | None = None) -> dict[str, Any]:
+    """`restart --rolling`: the deployment that runs, restarted batch by batch behind the routers."""
+    options.mode = "restart"
+    return Rollout(inventory, pattern, profile, None, options, events, host_key_policy).run()
