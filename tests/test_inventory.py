@@ -234,6 +234,43 @@ def test_host_vars_win_over_group_vars_and_deeper_groups_over_shallow(tmp_path):
     assert inv.hosts["both"].vars["role"] == "alpha"
 
 
+def test_group_vars_and_host_vars_dirs_as_ansible_reads_them(tmp_path):
+    (tmp_path / "group_vars" / "gpu").mkdir(parents=True)
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "group_vars" / "all.yml").write_text("ansible_user: ops\n")
+    (tmp_path / "group_vars" / "gpu" / "a.yml").write_text("role: gpu-file-a\nansible_port: 2200\n")
+    (tmp_path / "group_vars" / "gpu" / "b.yml").write_text("role: gpu-file-b\n")
+    (tmp_path / "host_vars" / "ct130.yaml").write_text("ansible_host: 127.0.0.30\n")
+    inv = load_inventory(write(tmp_path, """\
+        all:
+          children:
+            gpu:
+              children:
+                h200:
+                  vars: {role: inventory-deeper-group}
+                  hosts:
+                    ct129:
+                    ct130: {ansible_host: 127.0.0.99}
+    """), ssh_config_path=str(tmp_path / "none"))
+    ct129, ct130 = inv.hosts["ct129"], inv.hosts["ct130"]
+    # group_vars/ files beat every group var of the inventory itself, later files in a dir win
+    assert ct129.vars["role"] == "gpu-file-b" and (ct129.user, ct129.port) == ("ops", 2200)
+    assert ct130.address == "127.0.0.30"  # host_vars/ beats the inventory's host vars
+
+
+@pytest.mark.parametrize("name,content,line,message", [
+    ("all.yml", "ansible_port: [1]\n", 1, "'ansible_port' of group 'all' (group_vars/) must be an integer"),
+    ("all.yml", "- a\n- b\n", 1, "must be a mapping of variables"),
+    ("all.yml", "$ANSIBLE_VAULT;1.1;AES256\n6162\n", 1, "encrypted with Ansible Vault"),
+])
+def test_bad_vars_dir_files_are_refused_with_file_and_line(tmp_path, name, content, line, message):
+    (tmp_path / "group_vars").mkdir()
+    (tmp_path / "group_vars" / name).write_text(content)
+    with pytest.raises(ConfigError) as info:
+        load_inventory(write(tmp_path, "all:\n  hosts:\n    a:\n"), ssh_config_path=str(tmp_path / "none"))
+    assert str(info.value).startswith(f"{tmp_path / 'group_vars' / name}:{line}: ") and message in str(info.value)
+
+
 def test_ansible_host_syntax(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         all:

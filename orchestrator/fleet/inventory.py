@@ -376,7 +376,7 @@ def _check_var(block: SourceMap, key: Any, value: Any, owner: str) -> None:
             convert(value)
         except ValueError as exc:
             raise block.error(f"'{key}' of {owner} {exc} (got {value!r})", key) from None
-    elif key.startswith("sglfleet_") and key not in ("sglfleet_lab_gpu", "sglfleet_profile_overrides"):
+    elif key.startswith("sglfleet_"):
         raise block.error(f"unknown sglfleet setting {key!r} in {owner}{_did_you_mean(key, OWN_VARS)}; "
                           f"sglfleet's settings are {', '.join(OWN_VARS)}", key)
 
@@ -581,6 +581,8 @@ def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inve
         for h in group.hosts:
             direct.setdefault(h, []).append(group.name)
     layered: dict[frozenset[str], tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = {}
+    group_files = _VarsDir(inventory_dir / "group_vars")
+    host_files = _VarsDir(inventory_dir / "host_vars")
 
     def group_layers(member_of: frozenset[str]):
         if member_of not in layered:
@@ -590,6 +592,10 @@ def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inve
             for g in ordered:  # deeper, higher-priority, later-named groups win
                 merged.update(parser.groups[g].vars)
                 origins.update(parser.groups[g].origins)
+            for g in ordered:  # then group_vars/ files, in the same order, over every inventory group var
+                file_vars, file_origins = group_files.vars_of(g, f"group '{g}'")
+                merged.update(file_vars)
+                origins.update(file_origins)
             layered[member_of] = (tuple(g for g in ordered if g != "all"), merged, origins)
         return layered[member_of]
 
@@ -597,13 +603,73 @@ def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inve
     for name, definition in parser.hosts.items():
         member_of = frozenset().union(*(closure(g) for g in direct.get(name, ()))) | {"all"}
         group_names, merged, origins = group_layers(member_of)
-        merged = {**merged, **definition.vars}  # host vars over group vars
-        origins = {**origins, **definition.origins}
+        file_vars, file_origins = host_files.vars_of(name, f"host '{name}'")
+        merged = {**merged, **definition.vars, **file_vars}  # host vars over group vars, host_vars/ last
+        origins = {**origins, **definition.origins, **file_origins}
         hosts[name] = _build_host(name, merged, origins, group_names, ssh_config, inventory_dir, local_user,
                                   shown)
     if os.path.exists(str(Path(path).with_suffix("")) + ".known_hosts"):
         KnownHosts(str(Path(path).with_suffix("")) + ".known_hosts").validate()
-    return Inventory(shown, hosts, parser.groups, depths, dict(parser.groups["all"].vars))
+    implicit_vars = {**parser.groups["all"].vars, **group_files.vars_of("all", "group 'all'")[0]}
+    return Inventory(shown, hosts, parser.groups, depths, implicit_vars)
+
+
+class _VarsDir:
+    """`group_vars/` or `host_vars/` beside the inventory, read as Ansible's host_group_vars plugin does:
+    for a name, the first of `NAME`, `NAME.yml`, `NAME.yaml`, `NAME.json` (a directory `NAME/` gives
+    all its files, sorted, recursively, hidden and `~` backups skipped), each a mapping, later files
+    winning."""
+
+    EXTENSIONS = ("", ".yml", ".yaml", ".json")
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.entries = set(os.listdir(directory)) if directory.is_dir() else set()
+
+    def vars_of(self, name: str, owner: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not self.entries or name.startswith("/"):
+            return {}, {}
+        for ext in self.EXTENSIONS:
+            if name + ext in self.entries:
+                found = self.directory / (name + ext)
+                files = self._files_under(found) if found.is_dir() else [found]
+                break
+        else:
+            return {}, {}
+        merged: dict[str, Any] = {}
+        origins: dict[str, Any] = {}
+        for file in files:
+            shown = str(file)
+            _read_text_checked(file, shown)
+            if Path(file).read_bytes().lstrip().startswith(b"$ANSIBLE_VAULT"):
+                raise ConfigError("this vars file is encrypted with Ansible Vault; sglfleet cannot read it, and "
+                                  "a connection var inside it would be missed (decrypt it, or move the "
+                                  "connection vars out of it)", shown, 1)
+            data = _load_document(file, shown)
+            if data is None:
+                continue
+            if not isinstance(data, SourceMap):
+                raise ConfigError(f"a vars file for {owner} must be a mapping of variables, got "
+                                  f"{type(data).__name__}", shown, 1)
+            for key, value in data.items():
+                _check_var(data, key, value, f"{owner} ({self.directory.name}/)")
+                merged[key] = value
+                origins[key] = (data, key)
+        return merged, origins
+
+    @classmethod
+    def _files_under(cls, directory: Path) -> list[Path]:
+        found: list[Path] = []
+        for entry in sorted(os.listdir(directory)):
+            if entry.startswith(".") or entry.endswith("~"):
+                continue
+            full = directory / entry
+            ext = os.path.splitext(entry)[1]
+            if full.is_dir() and not ext:
+                found.extend(cls._files_under(full))
+            elif full.is_file() and (not ext or ext in cls.EXTENSIONS):
+                found.append(full)
+        return found
 
 
 def _group_depths(groups: dict[str, _Group]) -> dict[str, int]:
