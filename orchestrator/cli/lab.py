@@ -14,6 +14,7 @@ from ..fleet.hostkeys import known_hosts_name
 from ..lab.base import ensure_base
 from ..lab.manager import Lab
 from ..lab.proxy import LatencyProxy
+from ..lab.router import LabRouter
 from . import output
 from .common import JsonOpt
 
@@ -30,15 +31,27 @@ def _lab() -> Lab:
 
 @lab_app.command("up")
 def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (ct129, ct130, ...)."),
-           gpu: str = typer.Option("h200", help="The GPU each host declares (lab_gpu).")) -> None:
+           gpu: str = typer.Option("h200", help="The GPU each host declares (lab_gpu)."),
+           router: bool = typer.Option(False, "--router", help="Also start a real sglang-router (installed by "
+                                       "`python -m orchestrator.lab.router install`) on the lab's .254 address, "
+                                       "retries off, and write its router_url into the inventory.")) -> None:
     """Start the lab (idempotent) and write inventory/lab.yaml and its known_hosts."""
     lab = _lab()
     started = time.monotonic()
-    hosts = lab.up(count, gpu=gpu)
+    lab_router = LabRouter(lab.state_dir, lab.subnet)
+    if router:
+        lab.check_prerequisites()
+        lab_router.start()
+    # A router started by an earlier `lab up --router` stays in the inventory.
+    extra = {"router_url": lab_router.url} if lab_router.running() else None
+    hosts = lab.up(count, gpu=gpu, extra_vars=extra)
     output.stdout.print(f"lab up: {len(hosts)} host(s) in {time.monotonic() - started:.1f}s; "
                         f"inventory {lab.inventory_path}, known_hosts {lab.known_hosts_path}")
     for h in hosts:
         output.stdout.print(f"  {h.name}  {h.address}:{h.port}  gpu={h.gpu}", highlight=False)
+    if extra:
+        output.stdout.print(f"  router  {lab_router.url}  sglang-router (retries off; log {lab_router.log_path}); "
+                            "`sglfleet restart --rolling` adds serving hosts missing from it", highlight=False)
 
 
 @lab_app.command("image")
@@ -69,8 +82,10 @@ def lab_status(as_json: bool = JsonOpt) -> None:
 @lab_app.command("down")
 def lab_down() -> None:
     """Stop every lab host; no process, mount or namespace is left behind."""
-    stopped = _lab().down()
-    output.stdout.print(f"lab down: stopped {len(stopped)} host(s)")
+    lab = _lab()
+    router = LabRouter(lab.state_dir, lab.subnet).stop()
+    stopped = lab.down()
+    output.stdout.print(f"lab down: stopped {len(stopped)} host(s)" + (" and the router" if router else ""))
 
 
 @lab_app.command("fault")

@@ -129,8 +129,9 @@ class Lab:
         if shutil.which("unshare") is None:
             raise SglfleetError("`unshare` not found: install util-linux")
 
-    def up(self, count: int = 4, gpu: str = "h200") -> list[LabHost]:
-        """Start hosts ct129.. up to `count`; hosts already running are left alone."""
+    def up(self, count: int = 4, gpu: str = "h200", extra_vars: dict | None = None) -> list[LabHost]:
+        """Start hosts ct129.. up to `count`; hosts already running are left alone. `extra_vars`
+        go into the inventory's `all` vars (e.g. the lab router's router_url)."""
         if not 1 <= count <= MAX_HOSTS:
             raise SglfleetError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
         self.check_prerequisites()
@@ -155,7 +156,7 @@ class Lab:
             started.append(host)
         self._save(hosts)
         self._wait_ready(started)
-        self._write_inventory(hosts)
+        self._write_inventory(hosts, extra_vars)
         self._add_server_vars(hosts)
         return hosts
 
@@ -235,7 +236,7 @@ class Lab:
             raise SglfleetError(f"lab hosts not ready after {timeout:.0f}s: "
                                 f"{', '.join(h.name for h in pending)}")
 
-    def _write_inventory(self, hosts: list[LabHost]) -> None:
+    def _write_inventory(self, hosts: list[LabHost], extra_vars: dict | None = None) -> None:
         names = [h.name for h in hosts]
         # Ansible's connection vars (an `ansible` run against this file reaches the same hosts);
         # sglfleet's own settings carry the sglfleet_ prefix; lab_gpu is read by `smoke`.
@@ -243,7 +244,7 @@ class Lab:
             "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(self.key_path),
                      "ansible_python_interpreter": "/root/ml-env/bin/python3",
                      "sglfleet_models_dir": "/root/models", "sglfleet_host_key_policy": "strict",
-                     "ansible_timeout": 5},
+                     "ansible_timeout": 5, **(extra_vars or {})},
             "hosts": {h.name: {"ansible_host": h.address, "ansible_port": h.port, "lab_gpu": h.gpu}
                       for h in hosts},
             "children": {"gpu-fleet": {"hosts": {n: None for n in names}},

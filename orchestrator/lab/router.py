@@ -126,7 +126,7 @@ class LabRouter:
 
     def running(self) -> bool:
         state = self._state()
-        return bool(state) and _same_process(state.get("pid"), state.get("argv0"))
+        return bool(state) and _same_process(state.get("pid"), state.get("ticks"))
 
     def start(self, worker_urls: list[str] = (), policy: str = "round_robin", retries: bool = False,
               health_interval_s: float = 1.0, timeout: float = 60.0) -> str:
@@ -134,6 +134,10 @@ class LabRouter:
         if self.running():
             return self.url
         check_target(self.address, "lab router")
+        for port in (self.port, self.prometheus_port):
+            if _listening(self.address, port):
+                raise SglfleetError(f"{self.address}:{port} is already taken by a process this lab did not start "
+                                    f"(a router of another lab state dir?); stop it first")
         for url in worker_urls:
             RouterClient(url)  # validates the form; the router itself connects to them
         argv = [str(require()), "launch", "--host", self.address, "--port", str(self.port),
@@ -151,7 +155,7 @@ class LabRouter:
                                     start_new_session=True, env={**os.environ, "NO_COLOR": "1"})
         finally:
             log.close()
-        self.state_file.write_text(json.dumps({"pid": proc.pid, "argv0": argv[0], "argv": argv,
+        self.state_file.write_text(json.dumps({"pid": proc.pid, "ticks": _start_ticks(proc.pid), "argv": argv,
                                                "url": self.url, "started": time.time()}))
         client = RouterClient(self.url)
         deadline = time.monotonic() + timeout
@@ -172,7 +176,7 @@ class LabRouter:
         """SIGTERM, SIGKILL after `grace`; True when one was running."""
         state = self._state()
         self.state_file.unlink(missing_ok=True)
-        if not state or not _same_process(state.get("pid"), state.get("argv0")):
+        if not state or not _same_process(state.get("pid"), state.get("ticks")):
             return False
         pid = int(state["pid"])
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -186,24 +190,35 @@ class LabRouter:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:
                     pass
-                if not _same_process(pid, state.get("argv0")):
+                if not _same_process(pid, state.get("ticks")):
                     return True
                 time.sleep(0.05)
         return True
 
 
-def _same_process(pid: object, argv0: object) -> bool:
-    """The pid runs the router we started (a reused pid does not count)."""
-    if not isinstance(pid, int):
-        return False
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: when it started. (The router renames itself `sglang::router`,
+    so its cmdline cannot identify it; a reused pid has another start time.)"""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+
+
+def _same_process(pid: object, ticks: object) -> bool:
+    """The pid is still the router we started (alive, not a zombie, not a reused pid)."""
+    return isinstance(pid, int) and ticks is not None and _start_ticks(pid) == ticks
+
+
+def _listening(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
     except OSError:
         return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    return any(part.decode(errors="replace") == argv0 for part in cmdline[:2])
 
 
 def _tail(path: Path, limit: int = 4000) -> str:

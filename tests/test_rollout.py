@@ -1,0 +1,315 @@
+"""Rolling restart / deploy behind the real SGLang router (issue 19).
+
+Unit tests (no lab): batch planning as Ansible's serial, max_fail_percentage boundaries,
+max_unavailable slots, preflight refusal, the router client's loopback guard.
+
+Lab tests (real sshd hosts, the real sglang-router from PyPI, the stand-in SGLang servers):
+under a steady load through the router with its retries disabled, a rolling restart of 4 hosts
+gives 0 failed requests and never fewer than hosts - max_unavailable workers; the same run with
+the drain step skipped (test-only switch) shows failures; a host crashing on start halts the
+rollout after its batch, is back on its previous deployment and in the router, later hosts
+untouched, exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.errors import ConfigError, LoopbackOnlyError
+from orchestrator.fleet.inventory import Host
+from orchestrator.stages import rollout
+
+from .conftest import sglfleet
+
+
+# ---------------------------------------------------------------- batches (Ansible's serial)
+
+
+def hosts(n: int) -> list[str]:
+    return [f"h{i}" for i in range(n)]
+
+
+def sizes(batches: list[list[str]]) -> list[int]:
+    return [len(b) for b in batches]
+
+
+def test_serial_number_percentage_and_list():
+    assert sizes(rollout.plan_batches(hosts(8), rollout.parse_serial("1"))) == [1] * 8
+    assert sizes(rollout.plan_batches(hosts(8), rollout.parse_serial("3"))) == [3, 3, 2]
+    assert sizes(rollout.plan_batches(hosts(8), rollout.parse_serial("25%"))) == [2, 2, 2, 2]
+    # a canary, then a quarter of ALL hosts at a time; the last entry repeats
+    assert sizes(rollout.plan_batches(hosts(8), rollout.parse_serial("1,25%"))) == [1, 2, 2, 2, 1]
+    assert sizes(rollout.plan_batches(hosts(10), rollout.parse_serial("1,2,50%"))) == [1, 2, 5, 2]
+    # a percentage rounds down but never to 0 (Ansible)
+    assert sizes(rollout.plan_batches(hosts(3), rollout.parse_serial("10%"))) == [1, 1, 1]
+    assert sizes(rollout.plan_batches(hosts(5), rollout.parse_serial("100%"))) == [5]
+    # order kept, every host exactly once
+    batches = rollout.plan_batches(hosts(7), rollout.parse_serial("2,30%"))
+    assert [h for b in batches for h in b] == hosts(7)
+
+
+def test_resumed_rollout_keeps_percentages_of_the_whole_fleet():
+    assert sizes(rollout.plan_batches(hosts(3), ["50%"], total=8)) == [3]
+    assert sizes(rollout.plan_batches(hosts(3), ["25%"], total=8)) == [2, 1]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "0%", "101%", "abc%", "", "1,,2"])
+def test_bad_serial_is_a_config_error(bad):
+    with pytest.raises(ConfigError):
+        rollout.parse_serial(bad)
+
+
+def test_max_fail_percentage_must_be_exceeded_not_equalled():
+    assert not rollout.batch_halts(0, 4, 0)
+    assert rollout.batch_halts(1, 4, 0)            # default 0: any failure halts
+    assert not rollout.batch_halts(1, 4, 25)       # 25% == 25%: goes on
+    assert rollout.batch_halts(2, 4, 25)           # 50% > 25%
+    assert rollout.batch_halts(1, 4, 24.9)         # 25% > 24.9%
+    assert not rollout.batch_halts(2, 2, 100)      # everything failed, 100 allowed
+    assert not rollout.batch_halts(1, 3, 100 / 3)  # 33.33..% == 33.33..%
+
+
+def test_max_unavailable_count_or_percentage():
+    assert rollout.parse_max_unavailable(None, 8) is None
+    assert rollout.parse_max_unavailable("2", 8) == 2
+    assert rollout.parse_max_unavailable("25%", 8) == 2
+    assert rollout.parse_max_unavailable("10%", 4) == 1   # rounds down, at least 1
+    for bad in ("0", "-2", "x", "0%", "150%"):
+        with pytest.raises(ConfigError):
+            rollout.parse_max_unavailable(bad, 8)
+
+
+def test_capacity_never_lets_more_hosts_out_than_the_limit():
+    stop = threading.Event()
+    cap = rollout.Capacity(2, {"down"}, stop)        # one host is down already: one slot left
+    cap.acquire("a")
+    got_b = threading.Event()
+
+    def take_b():
+        cap.acquire("b")
+        got_b.set()
+
+    t = threading.Thread(target=take_b)
+    t.start()
+    assert not got_b.wait(0.5), "a second host went out while the down host and 'a' filled max_unavailable 2"
+    cap.acquire("down")                               # the down host itself needs no new slot
+    cap.release("a")
+    assert got_b.wait(2)
+    t.join()
+    assert cap.peak == 2
+    stop.set()
+    with pytest.raises(rollout.Aborted):
+        cap.acquire("c")
+
+
+class FakeRouterRollout(rollout.Rollout):
+    """A Rollout whose preflight table is given (no router, no host) for check_capacity."""
+
+    def __init__(self, max_unavailable):  # noqa: D107 - only what check_capacity reads
+        self.max_unavailable = max_unavailable
+        self.stop = threading.Event()
+
+
+def rows(down: list[str], total: int = 4) -> list[dict]:
+    return [{"host": f"h{i}", "up": f"h{i}" not in down, "why": "not in router" if f"h{i}" in down else "",
+             "worker_url": f"http://127.0.0.{i + 1}:30000", "registered": []} for i in range(total)]
+
+
+def test_a_host_already_down_is_refused_or_counted_as_the_flags_say():
+    with pytest.raises(rollout.RolloutRefused, match="h2 .*max-unavailable is 1"):
+        FakeRouterRollout(1).check_capacity(rows(["h2"]))
+    run = FakeRouterRollout(2)
+    run.check_capacity(rows(["h2"]))                  # counted: one slot left
+    assert run.capacity.out == {"h2"} and run.capacity.limit == 2
+    FakeRouterRollout(None).check_capacity(rows(["h2"]))   # no limit given: batch size rules
+    FakeRouterRollout(1).check_capacity(rows([]))
+
+
+def test_worker_url_from_bind_port_and_overrides(tmp_path):
+    profile_path = tmp_path / "p.yaml"
+    profile_path.write_text("name: p\nmodel: {path: /m}\nserver: {host: 0.0.0.0, port: 30770}\n")
+    from orchestrator.spec.profile import load_profile
+
+    prof = load_profile(str(profile_path))
+    h = Host(name="a", address="10.0.0.5", vars={})
+    assert rollout.worker_url(h, prof) == "http://10.0.0.5:30770"
+    h = Host(name="a", address="10.0.0.5", vars={"server_bind": "127.0.7.1",
+                                                  "profile_overrides": {"p": {"server": {"port": 31000}}}})
+    assert rollout.worker_url(h, prof) == "http://127.0.7.1:31000"
+    h = Host(name="a", address="10.0.0.5", vars={"router_worker_url": "http://gw-side:8000/"})
+    assert rollout.worker_url(h, prof) == "http://gw-side:8000"
+    assert rollout.host_routers(Host(name="a", address="x", vars={"router_url": ["http://r1:1", "r2:2"]})) == \
+        ["http://r1:1", "http://r2:2"]
+
+
+def test_router_client_refuses_non_loopback_before_connecting(monkeypatch):
+    from orchestrator.fleet.router import RouterClient, worker_in_flight
+
+    monkeypatch.setenv("SGLFLEET_LOOPBACK_ONLY", "1")
+    with pytest.raises(LoopbackOnlyError):
+        RouterClient("http://10.1.2.3:30000").workers()
+    with pytest.raises(LoopbackOnlyError):
+        worker_in_flight("http://192.0.2.7:30000")
+
+
+def test_restart_without_rolling_is_bad_input():
+    result = sglfleet("restart", "all", "x")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--rolling" in result.stderr
+
+
+# ---------------------------------------------------------------- the lab
+
+
+def router_or_skip():
+    from orchestrator.lab import router
+
+    reason = router.missing_reason()
+    if reason:
+        if os.environ.get("CI") not in (None, "", "0", "false"):
+            pytest.fail(f"CI: {reason}")
+        pytest.skip(reason)
+
+
+PROFILE = """name: {name}
+description: rolling test ({name})
+model:
+  path: /root/models/Qwen3-8B
+hybrid: auto
+server:
+  host: 0.0.0.0
+  port: {port}
+  tp: 1
+  extra_args: [--enable-metrics]
+env:
+  SGLFLEET_SIM_LOAD_DELAY: "{load_delay}"
+  SGLFLEET_SIM_SLOW_MS: "{slow_ms}"
+  SGLFLEET_SIM_DRAIN_LOG_S: "1"
+  ROLL_RELEASE: "{name}"
+"""
+
+
+class RollLab:
+    """A private lab with a real router in front, servers deployed, an inventory with router_url."""
+
+    def __init__(self, lab, tmp: Path, port: int):
+        from orchestrator.lab.router import LabRouter
+
+        self.lab, self.tmp, self.port = lab, tmp, port
+        self.router = LabRouter(lab.state_dir, lab.subnet, port=30000, prometheus_port=29000)
+        self.router.stop()
+        self.url = self.router.start()
+        doc = yaml.safe_load(lab.inventory_path.read_text())
+        doc["all"]["vars"]["router_url"] = self.url
+        self.inventory = tmp / "roll.yaml"
+        self.write_inventory(doc)
+        (tmp / "roll.known_hosts").write_text(lab.known_hosts_path.read_text())
+
+    def write_inventory(self, doc):
+        self.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def profile(self, name: str, load_delay: float = 1, slow_ms: int = 300) -> Path:
+        path = self.tmp / f"{name}.yaml"
+        path.write_text(PROFILE.format(name=name, port=self.port, load_delay=load_delay, slow_ms=slow_ms))
+        return path
+
+    def cli(self, *args: str) -> tuple[int, dict]:
+        result = sglfleet(*args, "-i", str(self.inventory), "--json", "--runs-dir", str(self.tmp / "runs"))
+        try:
+            doc = json.loads(result.stdout)
+        except ValueError:
+            raise AssertionError(f"no JSON (exit {result.returncode}):\n{result.stdout}\n{result.stderr}") from None
+        return result.returncode, doc
+
+    def deploy_all(self, profile: Path) -> None:
+        result = sglfleet("deploy", "all", str(profile), "-i", str(self.inventory), "--json", "--runs-dir",
+                          str(self.tmp / "runs"))
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def register_all(self) -> None:
+        from orchestrator.fleet.router import RouterClient
+
+        client = RouterClient(self.url)
+        for h in self.lab.hosts():
+            client.ensure(f"http://{h.address}:{self.port}", 60)
+
+    def close(self):
+        self.router.stop()
+
+
+@pytest.fixture(scope="module")
+def roll_lab(tmp_path_factory):
+    router_or_skip()
+    from .private_lab import private_lab
+
+    with private_lab("roll", 1, 4) as lab:
+        rl = RollLab(lab, tmp_path_factory.mktemp("roll"), port=30771)
+        try:
+            rl.deploy_all(rl.profile("roll-a"))
+            rl.register_all()
+            yield rl
+        finally:
+            rl.close()
+
+
+def run_under_load(rl: RollLab, args: list[str], rate: float = 8, clients: int = 8) -> tuple[int, dict, dict]:
+    """The rollout under a steady load through the router; (exit code, rollout doc, load stats)."""
+    from orchestrator.lab.loadgen import LoadGenerator
+
+    load = LoadGenerator(rl.url, rate=rate, clients=clients, duration=900, max_new_tokens=4).start()
+    time.sleep(2)
+    try:
+        code, doc = rl.cli(*args)
+    finally:
+        load.stop()
+    report = load.wait()
+    return code, doc, report.summary()
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
+    rl = roll_lab
+    profile = str(rl.tmp / "roll-a.yaml")
+    code, doc, load = run_under_load(rl, ["restart", "--rolling", "all", profile, "--batch", "2",
+                                          "--max-unavailable", "2", "--min-ready", "1"])
+    assert code == 0, json.dumps(doc, indent=1)[-4000:]
+    assert [h["outcome"] for h in doc["hosts"].values()] == ["restarted"] * 4
+    assert load["requests"] > 100 and load["failed"] == 0, load
+    # the router never had fewer than hosts - max_unavailable healthy workers
+    assert doc["router_samples"] > 50
+    assert min(doc["min_healthy_workers"].values()) >= 4 - 2, doc["min_healthy_workers"]
+    assert doc["max_unavailable_peak"] <= 2
+    for h in doc["hosts"].values():
+        assert h["detail"]["stopped"]["was_running"] and h["detail"]["launched"]["pid"]
+
+    # Control: the same run with the drain step skipped must show failed requests.
+    code, doc, load = _control(rl, profile)
+    assert load["failed"] > 0, f"the control run (no drain) failed no request: the test cannot fail: {load}"
+
+
+def _control(rl: RollLab, profile: str) -> tuple[int, dict, dict]:
+    """The rollout with unsafe_skip_drain, in-process (the switch is not on the CLI)."""
+    from orchestrator.fleet.inventory import load_inventory
+    from orchestrator.lab.loadgen import LoadGenerator
+    from orchestrator.spec.profile import load_profile
+    from orchestrator.stages.deploy import DeployOptions
+
+    options = rollout.RolloutOptions(mode="restart", serial=[2], max_unavailable="2", min_ready=1,
+                                     state_dir=rl.tmp / "runs-control", unsafe_skip_drain=True,
+                                     deploy=DeployOptions(command="test control"))
+    run = rollout.Rollout(load_inventory(str(rl.inventory)), "all", load_profile(profile), None, options)
+    load = LoadGenerator(rl.url, rate=8, clients=8, duration=900, max_new_tokens=4).start()
+    time.sleep(2)
+    try:
+        doc = run.run()
+    finally:
+        load.stop()
+    return doc["exit_code"], doc, load.wait().summary()
