@@ -318,7 +318,7 @@ def test_notes_for_ansible_vars_sglfleet_does_not_use(tmp_path, caplog):
     """), ssh_config_path=str(tmp_path / "none"))
     inv.select("all")
     text = "\n".join(inv.notes)
-    assert "ansible_password is not used" in text and "ansible_become is not used" in text
+    assert "ansible_password/ansible_ssh_pass not used" in text and "ansible_become* not used" in text
     assert "ignores -o ProxyCommand=nc" in text
     assert "ruby" not in text
     assert inv.hosts["b"].proxy_jump == "jump:2200"

@@ -763,9 +763,13 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
         if var is not None:
             settings[setting] = convert(value)  # validated where written; cannot fail here
     notes: list[str] = []
+    unused: dict[str, list[str]] = {}  # reason -> the vars it covers (one note for all become vars)
     for var, reason in UNUSED_VARS.items():
         if merged.get(var) not in (None, False, ""):
-            notes.append((f"{var} is not used: {reason}", _where(origins.get(var))))
+            unused.setdefault(reason, []).append(var)
+    for reason, names in unused.items():
+        label = "ansible_become*" if names[0].startswith("ansible_become") else "ansible_password/ansible_ssh_pass"
+        notes.append((f"{label} not used: {reason}", _where(origins.get(names[0]))))
     for former, now in FORMER_NAMES.items():
         if former in merged and now not in merged:
             notes.append((f"'{former}' is an ordinary variable, as in Ansible; sglfleet reads {now} "
