@@ -155,24 +155,62 @@ __device__ __forceinline__ uint4 load_partial(const T* x, int first, int len) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// One segment's partial from its warp: raw is this lane's vector (-inf past the row). Every
-// lane of the warp calls it and gets the same (m_j, s_j).
+// The largest value of a 16-byte vector of T: 16-bit types by packed pair maxima (exact).
 template <typename T>
-__device__ __forceinline__ float2 segment_partial(const uint4& raw) {
+__device__ __forceinline__ float vec_max(const uint4& r) {
+  if constexpr (sizeof(T) == 4) {
+    return fmaxf(fmaxf(__uint_as_float(r.x), __uint_as_float(r.y)), fmaxf(__uint_as_float(r.z), __uint_as_float(r.w)));
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+    auto pair = [](uint32_t w) { T2 p; memcpy(&p, &w, 4); return p; };
+    const T2 m2 = __hmax2(__hmax2(pair(r.x), pair(r.y)), __hmax2(pair(r.z), pair(r.w)));
+    return fmaxf(__low2float(m2), __high2float(m2));
+  }
+}
+
+// A lane's share of a segment: its vector's elements in index order, relative to the segment's
+// max m (0 when m is -inf, or for a lane with no vector: `valid` false).
+template <typename T>
+__device__ __forceinline__ float lane_sum(const uint4& raw, float m, bool valid) {
   constexpr int kVec = 16 / sizeof(T);
-  float vm = vec_elem<T>(raw, 0);
-#pragma unroll
-  for (int j = 1; j < kVec; ++j) vm = fmaxf(vm, vec_elem<T>(raw, j));
-  // Through keys: -0 and +0 give +0, so the max is one value whatever the order.
-  const float m = KeyTraits<float>::value(__reduce_max_sync(kFull, KeyTraits<float>::key(vm)));
-  if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
+  if (!valid || m == -INFINITY) return 0.f;
   const float shift = __fmul_rn(m, kLog2e);
   float p = 0.f;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) p = __fadd_rn(p, ex2_approx(__fmaf_rn(vec_elem<T>(raw, j), kLog2e, -shift)));
+  return p;
+}
+
+// The warp's largest value, through keys: -0 and +0 give +0, so it is one value whatever the order.
+__device__ __forceinline__ float warp_max_value(float v) {
+  return KeyTraits<float>::value(__reduce_max_sync(kFull, KeyTraits<float>::key(v)));
+}
+
+// One segment's partial from its warp: raw is this lane's vector (elements past the row -inf),
+// vm the exact max of its elements (-inf: no vector, then valid is false). Every lane of the
+// warp calls it and gets the same (m_j, s_j).
+template <typename T>
+__device__ __forceinline__ float2 segment_partial(const uint4& raw, float vm, bool valid) {
+  const float m = warp_max_value(vm);
+  float p = lane_sum<T>(raw, m, valid);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) p = __fadd_rn(p, __shfl_xor_sync(kFull, p, off));
   return make_float2(m, p);
+}
+
+// Two segments at once, five shuffles instead of ten: lanes 0-15 get the first's partial, lanes
+// 16-31 the second's, the same bits as segment_partial (each butterfly addition is the same one,
+// the lane's own value first: after the first swap a half holds one segment's pair sums).
+template <typename T>
+__device__ __forceinline__ float2 segment_partial2(const uint4& r0, float vm0, bool valid0, const uint4& r1, float vm1,
+                                                   bool valid1) {
+  const float m0 = warp_max_value(vm0), m1 = warp_max_value(vm1);
+  const float p0 = lane_sum<T>(r0, m0, valid0), p1 = lane_sum<T>(r1, m1, valid1);
+  const bool hi = (threadIdx.x & 16) != 0;
+  float q = __fadd_rn(hi ? p1 : p0, __shfl_xor_sync(kFull, hi ? p0 : p1, 16));
+#pragma unroll
+  for (int off = 8; off > 0; off >>= 1) q = __fadd_rn(q, __shfl_xor_sync(kFull, q, off));
+  return make_float2(hi ? m1 : m0, q);
 }
 
 // The row's logsumexp from its n segment partials, load(j) -> float2. One full warp calls it;
@@ -507,7 +545,10 @@ __global__ void __launch_bounds__(kTopkThreads, kCtasPerSm) topk_chunk_kernel(co
   {
     float2* seg_out = ws_seg + row * n_seg + start / seg_elems<T>();
     for (int j = warp; j * seg_elems<T>() < len; j += nwarps) {
-      const float2 part = segment_partial<T>(load_partial(xs, (j * 32 + lane) * kVec, len));
+      const int v = j * 32 + lane;
+      const bool valid = v * kVec < len;
+      const uint4 raw = v < nvec ? sv[v] : load_partial(xs, v * kVec, len);
+      const float2 part = segment_partial<T>(raw, valid ? vec_max<T>(raw) : -INFINITY, valid);
       if (lane == 0) seg_out[j] = part;
     }
   }
@@ -889,15 +930,16 @@ constexpr int kDraftVecs = 4;  // 16-byte vectors per thread: chunks up to 32 KB
 constexpr int kFastMaxK = 256, kFastMaxBudget = 256;
 
 // One chunk into registers (Vecs x 16-byte loads per thread, all in flight at once), each
-// vector's max, each thread's max, and the chunk's segment partials (seg[v]: the segment of
-// vector v of this warp, the same in every lane; -inf past the chunk). The chunk starts at a
-// multiple of kSegAlign elements. Vectors wholly past the chunk are not loaded (at bs=1 a thread
-// holds 2-3 of its 4: Nsight counted the chunk CTAs issue-bound, ~1100 instructions a warp).
-template <typename T, int Vecs>
+// vector's max, each thread's max, and the chunk's segment partials: store(j, partial) for the
+// chunk's segment j (vector v of warp w is segment v * warps + w), called by the one lane that
+// holds it. The chunk starts at a multiple of kSegAlign elements. Vectors wholly past the chunk
+// are not loaded (at bs=1 a thread holds 2-3 of its 4: Nsight counted the chunk CTAs
+// issue-bound, ~1100 instructions a warp).
+template <typename T, int Vecs, typename Store>
 __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uint4 (&raw)[Vecs],
-                                           float (&vmax)[Vecs], float& tmax, float2 (&seg)[Vecs]) {
+                                           float (&vmax)[Vecs], float& tmax, Store store) {
   constexpr int kVec = 16 / sizeof(T);
-  const int tid = threadIdx.x, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
 #pragma unroll
   for (int v = 0; v < Vecs; ++v) {
@@ -915,11 +957,23 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
     }
     tmax = fmaxf(tmax, vmax[v]);
   }
+  // Uniform over the warp: does segment v hold any element of the chunk?
+  auto in_chunk = [&](int v) { return (v * kDraftThreads + warp * 32) * kVec < len; };
+  auto valid = [&](int v) { return (v * kDraftThreads + tid) * kVec < len; };
 #pragma unroll
-  for (int v = 0; v < Vecs; ++v) {
-    // Uniform over the warp: does its segment hold any element of the chunk?
-    if ((v * kDraftThreads + warp * 32) * kVec < len) seg[v] = segment_partial<T>(raw[v]);
-    else seg[v] = make_float2(-INFINITY, 0.f);
+  for (int v = 0; v + 1 < Vecs; v += 2) {
+    if (in_chunk(v)) {
+      const float2 part = segment_partial2<T>(raw[v], vmax[v], valid(v), raw[v + 1], vmax[v + 1], valid(v + 1));
+      if (lane == 0) store(v * kDraftWarps + warp, part);
+      if (lane == 16 && in_chunk(v + 1)) store((v + 1) * kDraftWarps + warp, part);
+    }
+  }
+  if constexpr (Vecs % 2 == 1) {
+    constexpr int v = Vecs - 1;
+    if (in_chunk(v)) {
+      const float2 part = segment_partial<T>(raw[v], vmax[v], valid(v));
+      if (lane == 0) store(v * kDraftWarps + warp, part);
+    }
   }
 }
 
@@ -1078,13 +1132,7 @@ __device__ void draft_chunk(const T* __restrict__ x, int len, int64_t start, int
   const long long t0 = clock64();
   uint4 raw[kDraftVecs];
   float vmax[kDraftVecs], tmax;
-  float2 seg[kDraftVecs];
-  scan_chunk<T, kDraftVecs>(x, len, raw, vmax, tmax, seg);
-  if (lane == 0) {
-#pragma unroll
-    for (int v = 0; v < kDraftVecs; ++v)
-      if ((v * kDraftThreads + warp * 32) * (16 / int(sizeof(T))) < len) seg_out[v * kDraftWarps + warp] = seg[v];
-  }
+  scan_chunk<T, kDraftVecs>(x, len, raw, vmax, tmax, [&](int j, float2 part) { seg_out[j] = part; });
   long long t1 = clock64();
   mark(tl, kTlChunkScan, t1 - t0);
   uint32_t* warp_keys = sh.tmax;                       // [kDraftWarps * qw]
@@ -1188,19 +1236,6 @@ __device__ __forceinline__ uint32_t vec_key(const uint4& r, int j) {
   }
 }
 
-// The largest value of a 16-byte vector of T: 16-bit types by packed pair maxima (exact).
-template <typename T>
-__device__ __forceinline__ float vec_max(const uint4& r) {
-  if constexpr (sizeof(T) == 4) {
-    return fmaxf(fmaxf(__uint_as_float(r.x), __uint_as_float(r.y)), fmaxf(__uint_as_float(r.z), __uint_as_float(r.w)));
-  } else {
-    using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
-    auto pair = [](uint32_t w) { T2 p; memcpy(&p, &w, 4); return p; };
-    const T2 m2 = __hmax2(__hmax2(pair(r.x), pair(r.y)), __hmax2(pair(r.z), pair(r.w)));
-    return fmaxf(__low2float(m2), __high2float(m2));
-  }
-}
-
 // The q-th largest (1-based) of the warp's 32 values, to every lane: up to q rounds of a
 // hardware max over order-preserving keys, each taking out the lanes that hold it (~30
 // instructions at q = 4, against ~100 for a shuffle sort).
@@ -1267,19 +1302,22 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
     for (int u = 0; u < kStreamVecs; ++u) raw[u] = ring[((i & (kStreamDepth - 1)) * kStreamVecs + u) * kStreamThreads];
   };
   float m = -INFINITY;  // running max (the bound's)
-  // Vector u of step i of every lane of this warp is one segment of the logsumexp (above): its
-  // partial, stored by lane 0; lanes past the item hold -inf. Uniform over the warp.
+  // Vector u of step i of this warp's lanes is one segment of the logsumexp (above); the step's
+  // two are summed together (segment_partial2), their partials stored by lanes 0 and 16.
+  static_assert(kStreamVecs == 2, "one segment pair a step");
   float2* seg_out = ws_seg + row * n_seg + start / seg_elems<T>();
-  auto absorb = [&](int i, int u, const uint4& raw) {  // returns the vector's max (-inf past the item)
-    const int v0 = (i * kStreamVecs + u) * kStreamThreads + warp * 32;  // the segment's first vector
-    if (v0 >= nvec) return -INFINITY;
-    const bool mine = v0 + lane < nvec;
-    const uint4 r = mine ? raw : load_partial(x, 0, 0);  // -inf everywhere
-    const float2 part = segment_partial<T>(r);
-    if (lane == 0) seg_out[v0 / 32] = part;
-    const float vm = mine ? vec_max<T>(raw) : -INFINITY;
-    m = fmaxf(m, vm);
-    return vm;
+  auto absorb = [&](int i, const uint4 (&raw)[kStreamVecs], float (&vm)[kStreamVecs]) {  // -inf past the item
+    const int s0 = (i * kStreamVecs) * kStreamThreads + warp * 32;  // the first segment's first vector
+    const int s1 = s0 + kStreamThreads;
+    const bool mine0 = s0 + lane < nvec, mine1 = s1 + lane < nvec;
+    vm[0] = mine0 ? vec_max<T>(raw[0]) : -INFINITY;
+    vm[1] = mine1 ? vec_max<T>(raw[1]) : -INFINITY;
+    if (s0 < nvec) {  // uniform over the warp
+      const float2 part = segment_partial2<T>(raw[0], vm[0], mine0, raw[1], vm[1], mine1);
+      if (lane == 0) seg_out[s0 / 32] = part;
+      if (lane == 16 && s1 < nvec) seg_out[s1 / 32] = part;
+    }
+    m = fmaxf(m, fmaxf(vm[0], vm[1]));
   };
   // A vector holding an element >= tau is staged by its number; its elements are sorted out
   // once, at the end, against the final bound (reading it again: ~650 vectors of a 19k-vector
@@ -1309,8 +1347,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   uint4 raw[kStreamVecs];
   float vmax[kStreamVecs];
   if (steps > 0) next(0, raw);
-#pragma unroll
-  for (int u = 0; u < kStreamVecs; ++u) vmax[u] = absorb(0, u, raw[u]);
+  absorb(0, raw, vmax);
   publish();
   __syncthreads();
   float tau = current_tau();
@@ -1322,10 +1359,11 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   int refresh = 2;
   for (int i = 1; i < steps; ++i) {
     next(i, raw);
+    absorb(i, raw, vmax);
 #pragma unroll
     for (int u = 0; u < kStreamVecs; ++u) {
       const int v = (i * kStreamVecs + u) * kStreamThreads + tid;
-      if (absorb(i, u, raw[u]) >= tau && v < nvec) take(v);
+      if (vmax[u] >= tau && v < nvec) take(v);
     }
     if (i + 1 == refresh) {
       publish();
@@ -2178,12 +2216,7 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   long long t0 = clock64();
   uint4 raw[kClusterVecs];
   float vmax[kClusterVecs], tmax;
-  float2 seg[kClusterVecs];
-  scan_chunk<T, kClusterVecs>(x + start, len, raw, vmax, tmax, seg);
-  if (lane == 0) {
-#pragma unroll
-    for (int v = 0; v < kClusterVecs; ++v) cs.seg[v * kDraftWarps + warp] = seg[v];
-  }
+  scan_chunk<T, kClusterVecs>(x + start, len, raw, vmax, tmax, [&](int j, float2 part) { cs.seg[j] = part; });
   long long t1 = clock64();
   mark(tl, kTlChunkScan, t1 - t0);
   offer_keys(sh, tmax, rb.qw);
