@@ -187,6 +187,32 @@ def test_kept_cursors_belong_to_the_host_target(tmp_path):
     assert store.cursors([moved]) == {"ct129": None}
 
 
+def test_bundle_fetched_in_chunks_is_byte_identical_and_cleaned_up(tmp_path):
+    import hashlib
+    import tarfile
+    import threading
+
+    log = tmp_path / "p.log"
+    data = os.urandom(5 * (1 << 20) + 12345)  # 3 chunks of 2 MiB, the last one short
+    log.write_bytes(data)
+    (tmp_path / "state" / "servers" / "p").mkdir(parents=True)
+    (tmp_path / "state" / "servers" / "p" / "sglang.env").write_text("HF_TOKEN=secret\nA=1\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    result = stage.bundle_host(local(), query(tmp_path), out, tmp_path / "runs", threading.Semaphore(1),
+                               chunk=2 << 20)
+    archive = out / "local.tar.gz"
+    assert result["bytes"] == archive.stat().st_size and result["sha256"] == hashlib.sha256(
+        archive.read_bytes()).hexdigest()
+    with tarfile.open(archive) as tar:
+        assert tar.extractfile("logs/p.log").read() == data
+        assert tar.extractfile("server/sglang.env").read() == b"HF_TOKEN=<redacted by sglfleet: 6 characters>\nA=1\n"
+        manifest = json.loads(tar.extractfile("MANIFEST.json").read())
+    assert {i["name"]: i["status"] for i in manifest["items"]}["server/launch.sh"] == "missing"
+    assert "smoke/last.json" in result["not_collected"]
+    assert not [p for p in Path(remote_logs.BUNDLE_DIR).glob("p-*.tar.gz")]  # deleted on the host after the fetch
+
+
 # ---------------------------------------------------------------- journald
 
 
