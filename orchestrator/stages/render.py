@@ -119,10 +119,17 @@ def comment(value: Any) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in str(value))
 
 
+SAFE_EXECUTABLE = re.compile(r"/[A-Za-z0-9/._+-]+")
+
+
 def systemd_exec(argv: list[str]) -> str:
-    """An ExecStart= command line: each word in double quotes with systemd's C-style escapes,
-    `%` doubled (specifiers) and `$` doubled (variable expansion); see systemd.service(5)."""
-    return " ".join(_systemd_word(word) for word in argv)
+    """An ExecStart= command line. The executable must be a plain absolute path (systemd refuses
+    "special characters" there and expands nothing in it); each argument goes in double quotes
+    with systemd's C-style escapes, `%` doubled (specifiers) and `$` doubled (variable
+    expansion); see systemd.service(5)."""
+    if not argv or not SAFE_EXECUTABLE.fullmatch(argv[0]):
+        raise RenderError(f"a systemd ExecStart= executable must be a plain absolute path, got {argv[:1]!r}")
+    return " ".join([argv[0], *(_systemd_word(word) for word in argv[1:])])
 
 
 def _systemd_word(word: str) -> str:
@@ -184,7 +191,7 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
     all_overrides = host.vars.get("profile_overrides") or {}
     where = f"{inventory_path} ({host.name})"
     if not isinstance(all_overrides, dict):
-        raise RenderError(f"{where}: profile_overrides must map profile names to overrides "
+        raise RenderError(f"{where}: profile_overrides must be a mapping of profile names to overrides "
                           f"(profile_overrides: {{{profile.name}: {{server: {{port: 30001}}}}}}), "
                           f"got a {type(all_overrides).__name__}")
     overrides = all_overrides.get(profile.name)
