@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..errors import ConfigError
 from ..fleet.remote_call import call
 from .logs import SCRIPT, HostRead, Query, read_pages
 
@@ -168,8 +169,7 @@ def write_csv(records: dict[str, list[Decode]], path: str | Path) -> int:
 def plot(records: dict[str, list[Decode]], directory: str | Path) -> dict[str, Any]:
     """One PNG per metric (PLOTTED): a line per host over time. Returns, per metric, the file and
     the points as matplotlib holds them after drawing (what the PNG shows)."""
-    import matplotlib
-
+    matplotlib = _optional("matplotlib", "--plot")
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
@@ -205,6 +205,17 @@ def plot(records: dict[str, list[Decode]], directory: str | Path) -> dict[str, A
     return charts
 
 
+def _optional(module: str, option: str) -> Any:
+    """An optional dependency, or one clear error saying how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(f"{option} needs the Python package {module.replace('_', '-')}: "
+                          f"pip install {module.replace('_', '-')} (into sglfleet's environment)") from None
+
+
 def _utc(epoch: float) -> Any:
     from datetime import datetime, timezone
 
@@ -232,6 +243,7 @@ LIVE = {"sglang:spec_accept_length": "accept_len", "sglang:spec_accept_rate": "a
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> {sample name: value} for unlabeled samples and {name{labels}: value}
     for labeled ones, parsed by prometheus_client's own parser."""
+    _optional("prometheus_client", "--live")
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
