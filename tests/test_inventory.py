@@ -282,7 +282,7 @@ def test_ansible_host_syntax(tmp_path):
           children:
             web:
               hosts:
-                app: {port: 8080, user: www-data, address: 0.0.0.0}
+                app: {port: 8080, user: www-data, address: 0.0.0.0, color: green}
             again:
               hosts:
                 app: {ansible_host: 127.0.0.5, color: blue}
