@@ -280,6 +280,8 @@ def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
     profile = str(rl.tmp / "roll-a.yaml")
     code, doc, load = run_under_load(rl, ["restart", "--rolling", "all", profile, "--batch", "2",
                                           "--max-unavailable", "2", "--min-ready", "1"])
+    print(f"\nrolling restart under load: {load}; fewest healthy workers {doc['min_healthy_workers']}; "
+          f"{doc['seconds']}s")
     assert code == 0, json.dumps(doc, indent=1)[-4000:]
     assert [h["outcome"] for h in doc["hosts"].values()] == ["restarted"] * 4
     assert load["requests"] > 100 and load["failed"] == 0, load
@@ -292,6 +294,7 @@ def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
 
     # Control: the same run with the drain step skipped must show failed requests.
     code, doc, load = _control(rl, profile)
+    print(f"control (no drain): {load}; fewest healthy workers {doc['min_healthy_workers']}")
     assert load["failed"] > 0, f"the control run (no drain) failed no request: the test cannot fail: {load}"
 
 
@@ -313,3 +316,75 @@ def _control(rl: RollLab, profile: str) -> tuple[int, dict, dict]:
     finally:
         load.stop()
     return doc["exit_code"], doc, load.wait().summary()
+
+
+def _server_pid(rl: RollLab, host: str, profile: str) -> tuple[object, list]:
+    result = sglfleet("status", host, profile, "-i", str(rl.inventory), "--json")
+    doc = json.loads(result.stdout)
+    row = doc["hosts"][host]["value"]["profiles"][0]
+    return row.get("pid"), row.get("drift")
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
+    from orchestrator.fleet.inventory import load_inventory
+    from orchestrator.fleet.router import RouterClient
+    from orchestrator.spec.profile import load_profile
+    from orchestrator.stages.deploy import DeployOptions
+
+    rl = roll_lab
+    new = rl.profile("roll-b")
+    before = {h: _server_pid(rl, h, str(rl.tmp / "roll-a.yaml")) for h in ("ct131", "ct132")}
+    doc = yaml.safe_load(rl.inventory.read_text())
+    # ct130's server crashes on start under roll-b only (a stand-in knob through profile_overrides)
+    doc["all"]["hosts"]["ct130"]["profile_overrides"] = {"roll-b": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "0.3"}}}
+    rl.write_inventory(doc)
+
+    def deploy(resume: bool) -> dict:
+        options = rollout.RolloutOptions(mode="deploy", serial=[1], min_ready=1, resume=resume,
+                                         state_dir=rl.tmp / "runs-crash", deploy=DeployOptions(command="test"))
+        return rollout.rolling_deploy(load_inventory(str(rl.inventory)), "all", load_profile(str(new)), options)
+
+    out = deploy(False)
+    assert out["exit_code"] == 1, json.dumps(out, indent=1, default=str)[-4000:]
+    outcomes = {h: d["outcome"] for h, d in out["hosts"].items()}
+    assert outcomes == {"ct129": "deployed", "ct130": "failed, reverted", "ct131": "untouched",
+                        "ct132": "untouched"}, outcomes
+    assert out["halted"]["batch"] == 2 and out["untouched"] == ["ct131", "ct132"]
+    assert out["hosts"]["ct130"]["detail"]["reverted"]["healthy"] is True
+    assert "exited" in out["hosts"]["ct130"]["summary"] or "exit" in out["hosts"]["ct130"]["summary"]
+    # ct130 serves its previous deployment (roll-a: no drift against it) and is back in the router
+    pid, drift = _server_pid(rl, "ct130", str(rl.tmp / "roll-a.yaml"))
+    assert pid and drift == [], drift
+    worker = RouterClient(rl.url).find(f"http://{rl.lab._host('ct130').address}:{rl.port}")
+    assert worker is not None and worker.healthy
+    # hosts after the halt were not touched: same server process as before
+    assert {h: _server_pid(rl, h, str(rl.tmp / "roll-a.yaml")) for h in ("ct131", "ct132")} == before
+    assert out["state_file"]
+
+    # --continue after the fix: ct129 is not redone; the rest get roll-b
+    del doc["all"]["hosts"]["ct130"]["profile_overrides"]
+    rl.write_inventory(doc)
+    out = deploy(True)
+    assert out["exit_code"] == 0, json.dumps(out, indent=1, default=str)[-4000:]
+    outcomes = {h: d["outcome"] for h, d in out["hosts"].items()}
+    assert outcomes == {"ct129": "done earlier (--continue)", "ct130": "deployed", "ct131": "deployed",
+                        "ct132": "deployed"}, outcomes
+    assert out["state_file"] is None
+
+
+@pytest.mark.lab
+def test_a_host_down_before_the_rollout_is_refused_with_the_table(roll_lab):
+    rl = roll_lab
+    stopped = sglfleet("stop", "ct132", "-i", str(rl.inventory), "--json", "--grace", "5")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    try:
+        code, doc = rl.cli("restart", "--rolling", "all", str(rl.tmp / "roll-a.yaml"), "--max-unavailable", "1")
+        assert code == 1
+        assert "refusing to start" in doc["refused"] and "ct132" in doc["refused"]
+        assert [r["host"] for r in doc["preflight"] if not r["up"]] == ["ct132"]
+    finally:
+        result = sglfleet("deploy", "ct132", str(rl.tmp / "roll-a.yaml"), "-i", str(rl.inventory), "--json",
+                          "--runs-dir", str(rl.tmp / "runs"))
+        assert result.returncode == 0, result.stdout[-2000:]

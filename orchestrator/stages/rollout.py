@@ -34,6 +34,7 @@ import hashlib
 import json
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -248,6 +249,8 @@ class RolloutOptions:
     min_ready: float = 10.0
     router_timeout: float = 60.0   # seconds for a router to show a removal / a healthy worker
     resume: bool = False
+    # restart mode: the next batch plans and smoke-tests (read-only) while this one is out
+    pipeline: bool = True
     deploy: deploy_stage.DeployOptions | None = None
     state_dir: Path = Path("runs")
     # TEST ONLY: SIGTERM without taking the host out of routing or waiting for its requests (the
@@ -298,8 +301,8 @@ class _RestartDeploy(deploy_stage.HostDeploy):
 class HostRoll:
     """One host's turn: prepare, take out, replace, min_ready, put back; returns its document."""
 
-    def __init__(self, run: "Rollout", conn: Any):
-        self.run, self.conn, self.host = run, conn, conn.host
+    def __init__(self, run: "Rollout", conn: Any, batch: int = 0):
+        self.run, self.conn, self.host, self.batch = run, conn, conn.host, batch
         self.name = conn.host.name
         self.url = run.worker_urls[self.name]
         self.routers = [RouterClient(u, timeout=10) for u in host_routers(self.host)]
@@ -316,6 +319,14 @@ class HostRoll:
 
     def take_out(self) -> None:
         started = time.monotonic()
+        gate = self.run.gates[self.batch] if getattr(self.run, "gates", None) else None
+        if gate is not None and not gate.is_set():
+            self.stage("prepared; waiting for the previous batch")
+            while not gate.wait(0.2):
+                if self.run.stop.is_set():
+                    break
+        if self.run.stop.is_set() or getattr(self.run, "halting", threading.Event()).is_set():
+            raise Aborted(f"{self.name}: not taken out: the rollout halted before its batch")
         self.run.capacity.acquire(self.name)
         self.times["waited_for_slot_s"] = round(time.monotonic() - started, 3)
         try:
@@ -533,25 +544,40 @@ class Rollout:
         docs: dict[str, dict[str, Any]] = {}
         halted: dict[str, Any] | None = None
         batch_rows = []
-        with RouterWatch(self.routers()) as watch:
-            for index, batch in enumerate(batches, 1):
-                if self.stop.is_set():
-                    halted = {"batch": index, "why": "interrupted"}
-                    break
+        # Batch k may take hosts out once batch k-1 is back (gates[k]); with `pipeline`, batch k+1
+        # already prepares (plan, smoke: read-only in restart mode) while batch k is out.
+        self.gates = [threading.Event() for _ in batches]
+        self.halting = threading.Event()
+        pipeline = self.options.mode == "restart" and self.options.pipeline
+        pool = ThreadPoolExecutor(max_workers=2)
+        futures: dict[int, Future] = {}
+
+        def start_batch(k: int) -> None:
+            if k < len(batches) and k not in futures:
+                futures[k] = pool.submit(self._run_batch, k, batches[k], by_name, known)
+
+        with RouterWatch(self.routers()) as watch, pool:
+            if batches:
+                self.gates[0].set()
+            start_batch(0)
+            for k, batch in enumerate(batches):
+                index = k + 1
                 self.event("batch", None, f"batch {index}/{len(batches)}: {', '.join(batch)}")
                 b_started = time.monotonic()
-                group = Group([by_name[n] for n in batch], known, forks=len(batch),
-                              host_key_policy=self.host_key_policy, inventory=self.inventory, stop=self.stop)
-                with group:
-                    results = group.run(lambda conn: self._host_task(conn), "rollout")
-                failed = []
+                if pipeline:
+                    start_batch(k + 1)
+                results = futures[k].result()
+                failed, aborted = [], []
                 for name, r in results.items():
-                    doc = r.value if isinstance(r.value, dict) else \
-                        {"ok": False, "outcome": "failed (untouched)" if isinstance(r.exception, Aborted)
-                         else "failed", "summary": r.error}
+                    if isinstance(r.exception, Aborted):
+                        aborted.append(name)  # never taken out: untouched
+                        continue
+                    doc = r.value if isinstance(r.value, dict) else {"ok": False, "outcome": "failed",
+                                                                     "summary": r.error}
                     docs[name] = doc
-                    self.event("host-done", name, f"{doc.get('outcome')}: {(doc.get('summary') or '').splitlines()[0] if doc.get('summary') else ''}")
-                    state["hosts"][name] = {k: doc.get(k) for k in ("outcome", "release", "deploy_id", "summary")}
+                    first = (doc.get("summary") or "").splitlines()[0] if doc.get("summary") else ""
+                    self.event("host-done", name, f"{doc.get('outcome')}: {first}")
+                    state["hosts"][name] = {k2: doc.get(k2) for k2 in ("outcome", "release", "deploy_id", "summary")}
                     if doc.get("ok"):
                         state["done"] = sorted(set(state["done"]) | {name})
                     else:
@@ -560,15 +586,23 @@ class Rollout:
                 halts = batch_halts(len(failed), len(batch), self.options.max_fail_percentage)
                 batch_rows.append({"batch": index, "hosts": batch, "failed": failed,
                                    "seconds": round(time.monotonic() - b_started, 3), "halted": halts})
-                if results.interrupted:
+                if results.interrupted or self.stop.is_set():
                     halted = {"batch": index, "why": "interrupted"}
-                    break
-                if halts:
+                elif halts:
                     halted = {"batch": index, "why": f"{len(failed)} of {len(batch)} host(s) failed in batch {index} "
                               f"({len(failed) * 100.0 / len(batch):.0f}% > --max-fail-percentage "
                               f"{self.options.max_fail_percentage:g})", "failed": failed}
                     self.event("halt", None, halted["why"])
+                if halted:
+                    self.halting.set()
+                    for gate in self.gates:
+                        gate.set()  # hosts preparing ahead wake up, see the halt, and stay untouched
+                    for later in futures.values():
+                        later.result()
                     break
+                if k + 1 < len(batches):
+                    self.gates[k + 1].set()
+                    start_batch(k + 1)
         untouched = [n for n in todo if n not in docs]
         state["halted"] = halted
         self._save_state(state)
@@ -597,8 +631,14 @@ class Rollout:
                 "seconds": round(time.monotonic() - started, 3),
                 "exit_code": 130 if (halted or {}).get("why") == "interrupted" else (1 if failed_hosts or halted else 0)}
 
-    def _host_task(self, conn: Any) -> Any:
-        doc = HostRoll(self, conn)()
+    def _run_batch(self, k: int, batch: list[str], by_name: dict[str, Host], known: KnownHosts) -> Any:
+        group = Group([by_name[n] for n in batch], known, forks=len(batch), host_key_policy=self.host_key_policy,
+                      inventory=self.inventory, stop=self.stop)
+        with group:
+            return group.run(lambda conn: self._host_task(conn, k), "rollout")
+
+    def _host_task(self, conn: Any, k: int) -> Any:
+        doc = HostRoll(self, conn, k)()
         return TaskOutcome(bool(doc.get("ok")), doc, None if doc.get("ok") else doc.get("summary"))
 
 
