@@ -398,3 +398,21 @@ def test_cli_hosts_json_lists_selection_without_connecting(tmp_path):
     proc = sglfleet("hosts", "gpu-fleet", "-i", str(ROOT / "inventory" / "production.example.yaml"), "--json")
     assert proc.returncode == 0, proc.stderr  # a non-loopback host: listing it must not touch it
     assert [h["name"] for h in json.loads(proc.stdout)["hosts"]] == ["ct129"]
+
+
+def test_ansible_connection_local_runs_here_not_over_ssh(tmp_path):
+    listener, _ = _listening_inventory(tmp_path)
+    port = listener.getsockname()[1]
+    inv = write(tmp_path, f"""\
+        all:
+          hosts:
+            localhost: {{ansible_connection: local, ansible_host: 127.0.0.1, ansible_port: {port}}}
+            ct129: {{ansible_host: 127.0.0.1, ansible_port: {port}}}
+    """, name="local.yaml")
+    with listener:
+        for pattern in ("localhost", "127.0.0.1"):  # the second names the same host, as in Ansible
+            proc = sglfleet("run", pattern, "echo ran-here-$PPID", "-i", str(inv), "--json")
+            assert proc.returncode == 0, proc.stderr
+            (result,) = json.loads(proc.stdout)["hosts"].values()
+            assert result["value"]["stdout"].startswith("ran-here-")
+        _assert_no_connection(listener)  # ct129 (same address and port, over SSH) would have shown here
