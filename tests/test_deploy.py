@@ -161,7 +161,8 @@ def test_crash_during_load_is_shown_stored_and_reverted(lab, inventory, tmp_path
     assert "SGLFLEET_SIM_CRASH_AFTER" not in env
     # ... and a rerun of the good profile finds it as it should be.
     code, again, _ = deploy_json(lab, tmp_path, host, good)
-    assert code == 0 and again["action"] == "unchanged" and again["pid"] == reverted["pid"], again
+    assert code == 0 and again["action"] == "unchanged" and again["pid"] == reverted["pid"], \
+        (again.get("restart_reasons"), again.get("running_before"), again.get("summary"))
 
 
 def test_hang_during_load_times_out_kills_and_reverts(lab, inventory, tmp_path):
@@ -212,8 +213,13 @@ def test_concurrent_deploys_one_refused_with_the_holder_named(lab, inventory, tm
     assert codes == [0, 1], docs
     refused = next(doc for code, doc in docs if code == 1)
     winner = next(doc for code, doc in docs if code == 0)
-    assert refused["phase"] == "plan" and "being deployed by another sglfleet run" in refused["summary"]
-    assert winner["deploy_id"] in refused["summary"] and "running `sglfleet deploy" in refused["summary"]
+    # Refused by the deploy lease (the winner's deploy named) or, if it came while the winner held
+    # the host lock for a step, by that lock (the holder's command named).
+    assert refused["phase"] == "plan" and refused["refused"]
+    assert f"running `sglfleet deploy {host} " in refused["summary"]
+    assert ("being deployed by another sglfleet run" in refused["summary"] and winner["deploy_id"] in refused["summary"]) \
+        or "host is locked by another sglfleet run" in refused["summary"]
+    assert "pushed" not in refused and "launched" not in refused
 
 
 def test_controller_killed_mid_deploy_then_rerun_converges(lab, inventory, tmp_path):
@@ -262,6 +268,6 @@ def test_lab_host_refuses_a_wildcard_bind(lab, inventory, tmp_path):
     proc = sglfleet("deploy", "ct136", profile_variant(tmp_path, "good"), "-i", str(old), "--json",
                     "--runs-dir", str(tmp_path / "runs"))
     doc = json.loads(proc.stdout)["hosts"]["ct136"]
-    assert proc.returncode == 1 and doc["phase"] == "render"
+    assert proc.returncode == 2 and doc["phase"] == "render"  # bad input: nothing was tried
     assert "would bind 0.0.0.0" in doc["summary"] and "share one network namespace" in doc["summary"]
     assert os.path.basename(str(old)) in doc["summary"] or "server_bind" in doc["summary"]

@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from ..errors import ConfigError, RemoteError
+from ..errors import ConfigError, RemoteError, SglfleetError
 from ..fleet.group import Group, GroupResult, TaskOutcome
 from ..spec.profile import load_profile
 from ..stages import deploy as stage
+from ..stages import kernels
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
@@ -23,6 +24,7 @@ def register(app: typer.Typer) -> None:
     app.command()(deploy)
     app.command()(status)
     app.command()(stop)
+    app.command("build-kernels")(build_kernels)
 
 
 def _run(inv: Any, pattern: str, task: Callable[[Any, Callable[[str], None]], Any], label: str, forks: int,
@@ -236,3 +238,53 @@ def stop(pattern: str = PatternArg,
     output.summary_table(f"stop ({time.monotonic() - started:.1f}s)", results, ["servers"], row,
                          refusals_have_rows=True)
     raise typer.Exit(results.exit_code)
+
+
+def build_kernels(pattern: str = PatternArg, inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt,
+                  as_json: bool = JsonOpt,
+                  rebuild: bool = typer.Option(False, "--rebuild", help="Build even what the cache already has."),
+                  arch: str = typer.Option("9.0", "--arch", help="CUDA arch for CUDA builds (e.g. 9.0 for H100/H200)."),
+                  host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
+    """Build the DDTree extension once per distinct ABI fingerprint of the hosts (here when this
+    controller's torch matches, else on one host of that fingerprint) into the local cache deploy uses."""
+    inv = inventory(inventory_path)
+    results = _run(inv, pattern, lambda conn, note: kernels.fingerprint_of(conn), "fingerprint", forks,
+                   host_key_policy_opt, quiet=as_json)
+    groups = kernels.plan_builds({n: r.value for n, r in results.items() if r.ok})
+    failed: dict[str, str] = {n: r.error or "failed" for n, r in results.items() if not r.ok}
+    for key, group in groups.items():
+        if group["cached"] and not rebuild:
+            group["built"] = {"where": "cache", "seconds": 0.0, "dir": str(kernels.cache_dir() / key)}
+            continue
+        if group["where"] == "controller":
+            try:
+                group["built"] = kernels.build_here(group["fingerprint"], arch)
+            except SglfleetError as exc:
+                group["error"] = str(exc)
+            continue
+        builder = group["where"]
+        answer = _run(inv, builder, lambda conn, note: kernels.build_on_host(conn, group["fingerprint"], arch),
+                      f"build on {builder}", 1, host_key_policy_opt, quiet=as_json)[builder]
+        if answer.ok:
+            group["built"] = answer.value
+        else:
+            group["error"] = answer.error
+    code = 1 if failed or any("error" in g for g in groups.values()) else 0
+    if as_json:
+        output.print_json({"command": "build-kernels", "pattern": pattern, "builds": groups, "unreachable": failed,
+                           "cache": str(kernels.cache_dir()), "exit_code": code})
+        raise typer.Exit(code)
+    table = output.Table(title=f"build-kernels {pattern} -> {kernels.cache_dir()}")
+    for col in ("fingerprint", "hosts", "built", "seconds", "result"):
+        table.add_column(col)
+    for key, group in groups.items():
+        built = group.get("built") or {}
+        table.add_row(output.escape(key), output.escape(", ".join(group["hosts"])), output.escape(built.get("where", "-")),
+                      f"{built.get('seconds', 0):.1f}", "[red]failed[/]" if "error" in group else "[green]ok[/]")
+    output.stdout.print(table)
+    for key, group in groups.items():
+        if "error" in group:
+            output.stdout.print(f"[red]{output.escape(key)}[/]:\n{output.escape(group['error'])}", highlight=False)
+    for name, error in failed.items():
+        output.stdout.print(f"[red]{output.escape(name)}[/]: {output.escape(error)}", highlight=False)
+    raise typer.Exit(code)

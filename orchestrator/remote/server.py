@@ -793,10 +793,20 @@ class RotatingLog:
         self.fh = open(path, "ab")
 
     def write(self, data):
-        self.fh.write(data)
-        self.fh.flush()
-        if self.fh.tell() >= self.max_bytes:
+        """Whole lines where they fit: a file passes max_bytes only by a line longer than it."""
+        while data:
+            room = self.max_bytes - self.fh.tell()
+            if len(data) <= room:
+                self.fh.write(data)
+                break
+            cut = data.rfind(b"\n", 0, max(room, 0)) + 1
+            if cut == 0 and self.fh.tell() == 0:
+                cut = room  # one line longer than a whole file: split it
+            self.fh.write(data[:cut])
+            data = data[cut:]
+            self.fh.flush()
             self.rotate()
+        self.fh.flush()
 
     def rotate(self):
         self.fh.close()

@@ -23,6 +23,7 @@ release rolled back, the previous deployment started again and health-checked (r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ from ..fleet import remote_call
 from ..remote.hostlib import server_paths
 from ..spec.profile import Artifacts, Profile
 from . import health as health_stage
-from . import release
+from . import kernels, release
 from .render import Rendered, RenderError, render
 from .smoke import diagnose, run_probe, simulate_for
 
@@ -139,8 +140,12 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
     companions = [name for name in COMPANIONS if name != "release.py" or artifacts is not None]
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
+        targets = [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]
+        if profile.model.artifacts.extension is not None:  # the builds per fingerprint (build-kernels)
+            targets += [[e.key, False, False, None] for e in kernels.cached_all()
+                        if e.key not in {t[0] for t in targets}]
         args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
-                           "targets": [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]}
+                           "targets": targets}
     payload = b"".join(remote_call.script_bytes(name) for name in companions)
     args["companions"] = [[name, len(remote_call.script_bytes(name))] for name in companions]
     return remote_call.call(conn, SERVER, "plan", args, payload=payload, timeout=600)
@@ -249,6 +254,18 @@ class HostDeploy:
         self.leased = lease is not None
         return planned
 
+    def extension_for_host(self, inspected: dict[str, Any]) -> Artifacts:
+        """The profile's artifacts with the extension build that matches this host's fingerprint
+        (from build-kernels' cache), when the profile deploys an extension."""
+        if self.profile.model.artifacts.extension is None:
+            return self.artifacts
+        built = kernels.for_host(inspected)
+        if built is None or (self.artifacts.extension is not None and not self.artifacts.extension.mismatches(inspected)):
+            return self.artifacts
+        notes = [n for n in self.artifacts.notes if "is not built" not in n]
+        self.doc["extension"] = {"dir": str(built.directory), "fingerprint": built.fingerprint}
+        return dataclasses.replace(self.artifacts, extension=built, notes=notes)
+
     def lease_ttl(self) -> float:
         timeouts = {**health_stage.DEFAULT_TIMEOUTS, **self.options.timeouts}
         return 2 * sum(timeouts.values()) + 2 * self.options.stop_grace + 1200
@@ -263,6 +280,7 @@ class HostDeploy:
         self.doc["running_before"] = _running_summary(running)
         if planned.get("inspect_error"):
             return self.fail("plan", f"{self.host.name}: {planned['inspect_error']['message']}")
+        self.artifacts = self.extension_for_host(planned["inspect"])
         host_plan = release.make_plan(self.host.name, planned["inspect"], self.artifacts, self.options.force)
         # Flags the patchset adds are unknown to the host's SGLang until it is pushed: then
         # the smoke probe (SGLang's own parser, after the push) is the check.

@@ -1,0 +1,145 @@
+"""`build-kernels`: the DDTree extension built once per distinct ABI fingerprint of the hosts.
+
+    fingerprints (one round trip per host: remote/release.py inspect with no targets: the
+    python tag, torch and its CUDA, the GPUs) -> group the hosts by fingerprint -> per group:
+    the local cache has it: nothing to do; this controller's python/torch/CUDA match: build
+    here (`python -m kernels.ddtree.build`); otherwise build on ONE host of the group
+    (remote/kernel_build.py: sources pushed, built with the host's torch and compiler, the
+    module fetched back; one round trip) -> the cache, keyed by fingerprint:
+    <cache>/<key>/{metadata.json, module}.
+
+`deploy` pushes each host the cached build whose fingerprint matches it (`for_host`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import SglfleetError
+from ..fleet import remote_call
+from ..remote.hostlib import torch_build
+from ..spec.artifacts import Extension, load_extension
+
+KERNELS = Path(__file__).resolve().parent.parent.parent / "kernels"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SGLFLEET_KERNEL_CACHE", "build/ddtree-builds"))
+
+
+def host_fingerprint(inspected: dict[str, Any]) -> dict[str, Any]:
+    """What a build must match on this host (see spec.artifacts.Extension.mismatches)."""
+    torch = inspected.get("torch") or {}
+    cuda = torch.get("cuda")
+    archs = sorted({g["arch"] for g in inspected.get("gpus") or [] if g.get("arch")}) if cuda else []
+    return {"python_tag": inspected["python"]["tag"], "torch_version": (torch.get("version") or "").split("+")[0]
+            or None, "cuda_version": cuda, "arch_list": archs}
+
+
+def key(fp: dict[str, Any]) -> str:
+    return "-".join([fp["python_tag"], f"torch{fp['torch_version']}", f"cuda{fp['cuda_version']}" if
+                     fp.get("cuda_version") else "cpu", *(fp.get("arch_list") or [])])
+
+
+def local_fingerprint() -> dict[str, Any] | None:
+    """This controller's python/torch/CUDA (read from torch/version.py: no torch import)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    torch = torch_build(os.path.dirname(list(spec.submodule_search_locations)[0]))
+    if not torch["version"]:
+        return None
+    return {"python_tag": f"cp{sys.version_info.major}{sys.version_info.minor}",
+            "torch_version": torch["version"].split("+")[0], "cuda_version": torch["cuda"]}
+
+
+def fingerprint_of(conn: Any) -> dict[str, Any]:
+    inspected = remote_call.call(conn, "release.py", "inspect", {"package": "sglang", "targets": [],
+                                                                 "recover": False}, timeout=120)
+    return host_fingerprint(inspected)
+
+
+def cached(fp: dict[str, Any]) -> Extension | None:
+    where = cache_dir() / key(fp)
+    return load_extension(where) if (where / "metadata.json").is_file() else None
+
+
+def cached_all() -> list[Extension]:
+    base = cache_dir()
+    return [load_extension(d) for d in sorted(base.iterdir()) if (d / "metadata.json").is_file()] \
+        if base.is_dir() else []
+
+
+def for_host(inspected: dict[str, Any]) -> Extension | None:
+    """The cached build that loads on this host (None: none built for its fingerprint)."""
+    for extension in cached_all():
+        if not extension.mismatches(inspected):
+            return extension
+    return None
+
+
+def sources() -> list[tuple[str, bytes]]:
+    """The files the build needs, relative to the directory that holds `kernels/`."""
+    out = [("kernels/__init__.py", (KERNELS / "__init__.py").read_bytes()),
+           ("kernels/ddtree/__init__.py", (KERNELS / "ddtree" / "__init__.py").read_bytes()),
+           ("kernels/ddtree/build.py", (KERNELS / "ddtree" / "build.py").read_bytes())]
+    for path in sorted((KERNELS / "ddtree" / "csrc").iterdir()):
+        if path.is_file():
+            out.append((f"kernels/ddtree/csrc/{path.name}", path.read_bytes()))
+    return out
+
+
+def build_on_host(conn: Any, fp: dict[str, Any], arch: str = "9.0") -> dict[str, Any]:
+    files = sources()
+    args = {"files": [[p, len(d)] for p, d in files], "cpu_only": not fp.get("cuda_version"), "arch": arch}
+    answer = remote_call.call(conn, "kernel_build.py", "build", args, payload=b"".join(d for _, d in files),
+                              timeout=3600)
+    target = cache_dir() / key(fp)
+    target.mkdir(parents=True, exist_ok=True)
+    metadata = answer["metadata"]
+    module = base64.b64decode(answer["module_b64"])
+    if hashlib.sha256(module).hexdigest() != metadata["sha256"][metadata["module"]]:
+        raise SglfleetError(f"{conn.host.name}: the fetched module does not match the sha256 its build recorded")
+    (target / metadata["module"]).write_bytes(module)
+    metadata["built_on"] = conn.host.name
+    (target / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
+    return {"where": conn.host.name, "seconds": answer["seconds"], "dir": str(target),
+            "module_bytes": len(module)}
+
+
+def build_here(fp: dict[str, Any], arch: str = "9.0") -> dict[str, Any]:
+    target = cache_dir() / key(fp)
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "kernels.ddtree.build", "--out", str(target.resolve())]
+    argv += ["--cpu-only"] if not fp.get("cuda_version") else ["--arch", arch]
+    proc = subprocess.run(argv, cwd=KERNELS.parent, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SglfleetError(f"building the extension on this controller failed:\n{proc.stdout}{proc.stderr}")
+    return {"where": "controller", "seconds": round(time.monotonic() - started, 1), "dir": str(target)}
+
+
+def controller_matches(fp: dict[str, Any]) -> bool:
+    local = local_fingerprint()
+    return bool(local) and all(local[k] == fp[k] for k in ("python_tag", "torch_version", "cuda_version"))
+
+
+def plan_builds(fingerprints: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """key -> {fingerprint, hosts, cached, where}: where each distinct fingerprint is built."""
+    groups: dict[str, dict[str, Any]] = {}
+    for host, fp in sorted(fingerprints.items()):
+        group = groups.setdefault(key(fp), {"fingerprint": fp, "hosts": []})
+        group["hosts"].append(host)
+    for k, group in groups.items():
+        group["cached"] = cached(group["fingerprint"]) is not None
+        group["where"] = "controller" if controller_matches(group["fingerprint"]) else group["hosts"][0]
+    return groups
