@@ -594,8 +594,9 @@ def cmd_bundle(args, stream=None):
     source = source_of(args, paths)
     state = args.get("state_dir") or hostlib.STATE_DIR
     os.makedirs(BUNDLE_DIR, mode=0o700, exist_ok=True)
-    path = os.path.join(BUNDLE_DIR, "%s-%s-%d.tar.gz" % (args["profile"], time.strftime("%Y%m%dT%H%M%S"),
-                                                          os.getpid()))
+    # A random part: pids repeat across hosts (containers, pid namespaces) that may share /var/tmp.
+    path = os.path.join(BUNDLE_DIR, "%s-%s-%s-%s.tar.gz" % (socket.gethostname(), args["profile"],
+                                                           time.strftime("%Y%m%dT%H%M%S"), os.urandom(6).hex()))
     started = time.time()
     bundle = Bundle(path)
     try:

@@ -41,7 +41,7 @@ from ..fleet.remote_call import call
 SCRIPT = "logs.py"
 PAGE_BYTES = 4 << 20
 WAIT_S = 10.0
-CHUNK = 4 << 20
+CHUNK = 2 << 20
 FETCH_SLOTS = 4  # chunks in flight over all hosts; each costs ~2 x CHUNK of controller memory
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|d|w)$")
 _UNITS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
