@@ -27,6 +27,7 @@ What Ansible would do differently only with a warning, or not at all, is refused
 from __future__ import annotations
 
 import difflib
+import gc
 import logging
 import os
 import pwd
@@ -556,6 +557,20 @@ def _load_document(path: str | Path, shown: str) -> Any:
 
 
 def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inventory:
+    # Loading makes millions of small objects and no reference cycles: the cyclic collector would
+    # scan them again and again as they pile up (and once more on the first select). Off while
+    # loading, then the survivors are moved out of its sight (gc.freeze; refcounting still frees them).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_inventory(path, ssh_config_path)
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+
+
+def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
     shown = str(path)
     _read_text_checked(path, shown)
     parser = _Parser(shown)
