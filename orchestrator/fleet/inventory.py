@@ -12,7 +12,8 @@ children), the same variables per host, and the same SSH target:
             ct129: {ansible_host: 10.1.230.172}
 
 Variables, lowest precedence first (Ansible's): groups sorted by depth (`all` first), then
-`ansible_group_priority`, then name; then the host's own vars; a host or group defined twice keeps
+`ansible_group_priority`, then name; then `group_vars/` files beside the inventory in the same
+order; then the host's own vars, then its `host_vars/` files. A host or group defined twice keeps
 the later value of a var. Connection settings come only from Ansible's connection variables, the
 `ssh` plugin's way (`ansible_ssh_host` over `ansible_host`, likewise for port, user, key file and
 timeout), then from `~/.ssh/config` for the target address, then SSH's defaults (port 22, the
@@ -114,11 +115,6 @@ def _as_jump(value: Any) -> str:
     return text
 
 
-def _as_connection(value: Any) -> str:
-    text = _as_str(value)
-    return text
-
-
 SSH_CONNECTIONS = {"ssh", "smart", "paramiko", "paramiko_ssh", "ansible.builtin.ssh",
                    "ansible.builtin.paramiko_ssh"}
 LOCAL_CONNECTIONS = {"local", "ansible.builtin.local"}
@@ -131,7 +127,7 @@ CONNECTION_VARS: dict[str, tuple[tuple[str, ...], Callable[[Any], Any]]] = {
     "identity_file": (("ansible_ssh_private_key_file", "ansible_private_key_file"), _as_str),
     "connect_timeout": (("ansible_ssh_timeout", "ansible_timeout"), _as_seconds),
     "python": (("ansible_python_interpreter",), _as_str),
-    "connection": (("ansible_connection",), _as_connection),
+    "connection": (("ansible_connection",), _as_str),
     "ssh_args": (("ansible_ssh_common_args", "ansible_ssh_extra_args"), _as_str),
     "proxy_jump": (("sglfleet_proxy_jump",), _as_jump),
     "models_dir": (("sglfleet_models_dir",), _as_str),
