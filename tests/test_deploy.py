@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,9 +28,26 @@ STATE = "/var/lib/sglfleet"
 FAST = {"SGLANG_HEALTH_CHECK_TIMEOUT: \"20\"": "SGLANG_HEALTH_CHECK_TIMEOUT: \"20\"\n  SGLFLEET_SIM_LOAD_DELAY: \"0.5\""}
 
 
+_SNAPSHOT: list[Path] = []
+
+
+def artifacts_snapshot() -> Path:
+    """The patchset and the kernel sources it ships, copied once per session: others edit the
+    shared checkout while these tests run, and a changed source is a changed release (a rerun
+    would rightly restart)."""
+    if not _SNAPSHOT:
+        snap = Path(tempfile.mkdtemp(prefix="sglfleet-deploy-artifacts-"))
+        shutil.copytree(ROOT / "patches", snap / "patches")
+        shutil.copytree(ROOT / "kernels" / "ddtree", snap / "kernels" / "ddtree",
+                        ignore=shutil.ignore_patterns("results", "__pycache__", "*.cu"))
+        (snap / "build").mkdir()
+        _SNAPSHOT.append(snap)
+    return _SNAPSHOT[0]
+
+
 def profile_variant(tmp_path, name, replace=None, env=None):
-    """The seed profile with the checkout's artifacts, a fast stand-in load, and changes."""
-    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{ROOT}/")
+    """The seed profile with a snapshot of the checkout's artifacts, a fast stand-in load, and changes."""
+    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{artifacts_snapshot()}/")
     for old, new in {**FAST, **(replace or {})}.items():
         assert old in text, old
         text = text.replace(old, new)

@@ -127,6 +127,7 @@ def systemd_exec(argv: list[str]) -> str:
     "special characters" there and expands nothing in it); each argument goes in double quotes
     with systemd's C-style escapes, `%` doubled (specifiers) and `$` doubled (variable
     expansion); see systemd.service(5)."""
+    argv = [str(word) for word in argv]  # a StrictUndefined raises here, as an undefined should
     if not argv or not SAFE_EXECUTABLE.fullmatch(argv[0]):
         raise RenderError(f"a systemd ExecStart= executable must be a plain absolute path, got {argv[:1]!r}")
     return " ".join([argv[0], *(_systemd_word(word) for word in argv[1:])])

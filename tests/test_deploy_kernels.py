@@ -1,0 +1,43 @@
+"""`build-kernels` on a lab host (torch 2.14.1, CPU: not this controller's torch, so the build
+runs on the host with its own torch and compiler), then `deploy` ships that build and the host
+imports it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import sglfleet
+from .test_deploy import connect, profile_variant
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+def test_build_on_the_host_then_deploy_installs_and_imports_it(lab, inventory, tmp_path):
+    host = "ct136"
+    cache = tmp_path / "cache"
+    env = {"SGLFLEET_KERNEL_CACHE": str(cache)}
+    proc = sglfleet("build-kernels", host, "-i", str(lab.inventory_path), "--json", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    builds = json.loads(proc.stdout)["builds"]
+    assert list(builds) == ["cp311-torch2.14.1-cpu"], builds
+    group = builds["cp311-torch2.14.1-cpu"]
+    assert group["hosts"] == [host] and group["where"] == host and group["built"]["where"] == host
+    meta = json.loads((cache / "cp311-torch2.14.1-cpu" / "metadata.json").read_text())
+    assert meta["fingerprint"] == {"python_tag": "cp311", "torch_version": "2.14.1", "cuda_version": None,
+                                   "arch_list": []} and meta["built_on"] == host
+    # A second run finds it in the cache: no build.
+    again = json.loads(sglfleet("build-kernels", host, "-i", str(lab.inventory_path), "--json", env=env).stdout)
+    assert again["builds"]["cp311-torch2.14.1-cpu"]["built"]["where"] == "cache"
+
+    proc = sglfleet("deploy", host, profile_variant(tmp_path, "good"), "-i", str(lab.inventory_path), "--json",
+                    "--runs-dir", str(tmp_path / "runs"), env=env)
+    doc = json.loads(proc.stdout)["hosts"][host]
+    assert proc.returncode == 0, doc["summary"]
+    assert any(key.startswith("purelib/ddtree_ext") for key in doc["pushed"]["files"]), doc["pushed"]
+    assert doc["extension"]["fingerprint"]["torch_version"] == "2.14.1"
+    with connect(inventory, host) as conn:
+        imported = conn.run(f"{conn.host.python} -c 'import torch, ddtree_ext; print(ddtree_ext.__file__)'",
+                            timeout=300)
+    assert imported.ok and "site-packages/ddtree_ext" in imported.stdout_text, imported.stderr_text
