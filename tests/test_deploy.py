@@ -132,6 +132,14 @@ def test_seed_story_gate_serve_rerun(lab, inventory, tmp_path):
     assert again["summary"].startswith(f"unchanged: running release {doc['release']} since ")
     assert again["round_trips"] == {"exec": 2, "health_polls": 0}
 
+    # --dry-run says what would happen and why, and changes nothing.
+    changed = profile_variant(tmp_path, "changed", env={"EXTRA_SETTING": "1"})
+    code, dry, _ = deploy_json(lab, tmp_path, host, changed, "--dry-run")
+    assert code == 0 and dry["action"] == "dry-run" and dry["restart_reasons"] == ["environment changed"]
+    assert dry["summary"] == "would restart: environment changed" and "EXTRA_SETTING='1'" not in dry["files"]["env"]
+    assert "EXTRA_SETTING=1" in dry["files"]["env"] and dry["round_trips"]["exec"] == 1
+    assert record(inventory, host)["pid"] == doc["pid"]
+
     # A bad change is stopped by the gate while the server keeps serving.
     code, bad, _ = deploy_json(lab, tmp_path, host, off)
     assert code == 1 and bad["phase"] == "smoke"

@@ -335,6 +335,24 @@ def describe_holder(holder):
                                                     holder.get("command", "?"), holder.get("pid", "?"), age)
 
 
+# ---------------------------------------------------------------- the deploy lease
+
+# A deploy spans several round trips; between them its lease (taken under the lock by
+# remote/server.py) says the host is being deployed. Written and dropped only by server.py.
+DEPLOY_LEASE_FILE = "deploy-lease.json"
+
+
+def deploy_lease_conflict(state, deploy_id=None):
+    """The live lease of a deploy other than `deploy_id` on this host (None: no such lease), for
+    any command that changes the host while a deploy may be between its steps."""
+    held = read_json(os.path.join(state, DEPLOY_LEASE_FILE))
+    if not held or held.get("id") == deploy_id:
+        return None
+    if time.time() - held.get("since", 0) > held.get("ttl", 0):
+        return None  # expired: its deploy died without dropping it
+    return held
+
+
 # ---------------------------------------------------------------- the call convention
 
 

@@ -49,7 +49,7 @@ except ImportError:  # on the controller (unit tests), or the supervisor started
 
 Failure, log, read_json = hostlib.Failure, hostlib.log, hostlib.read_json
 
-LEASE_FILE = "deploy-lease.json"
+LEASE_FILE = hostlib.DEPLOY_LEASE_FILE
 SUPERVISOR_STATUS = "supervisor.json"
 PREVIOUS_DIR = "previous"
 BIN_DIR = "bin"
@@ -765,8 +765,8 @@ def cmd_stop(args, stream=None):
     wanted = [args["profile"]] if args.get("profile") else profiles_here(args)
     out = {}
     with hostlib.Lock(state_dir(args), args["holder"]):
-        held = read_json(lease_path(args))
-        if held and time.time() - held.get("since", 0) < held.get("ttl", 0):
+        held = hostlib.deploy_lease_conflict(state_dir(args))
+        if held:
             raise Failure("host is being deployed by another sglfleet run: %s (deploy %s)"
                           % (hostlib.describe_holder(held.get("holder")), held.get("id")), hostlib.EXIT_LOCKED,
                           holder=held.get("holder"))
