@@ -192,7 +192,7 @@ env:
   SGLFLEET_SIM_LOAD_DELAY: "{load_delay}"
   SGLFLEET_SIM_SLOW_MS: "{slow_ms}"
   SGLFLEET_SIM_DRAIN_LOG_S: "1"
-  ROLL_RELEASE: "{name}"
+  ROLL_RELEASE: "{release}"
 """
 
 
@@ -215,9 +215,12 @@ class RollLab:
     def write_inventory(self, doc):
         self.inventory.write_text(yaml.safe_dump(doc, sort_keys=False))
 
-    def profile(self, name: str, load_delay: float = 1, slow_ms: int = 300) -> Path:
-        path = self.tmp / f"{name}.yaml"
-        path.write_text(PROFILE.format(name=name, port=self.port, load_delay=load_delay, slow_ms=slow_ms))
+    def profile(self, name: str, load_delay: float = 1, slow_ms: int = 300, release: str = "") -> Path:
+        """The profile `name` (a server of its own on the host); `release` makes a new deployment
+        of the same server (another env), written to NAME-RELEASE.yaml."""
+        path = self.tmp / (f"{name}-{release}.yaml" if release else f"{name}.yaml")
+        path.write_text(PROFILE.format(name=name, port=self.port, load_delay=load_delay, slow_ms=slow_ms,
+                                       release=release or "1"))
         return path
 
     def cli(self, *args: str) -> tuple[int, dict]:
@@ -334,11 +337,11 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     from orchestrator.stages.deploy import DeployOptions
 
     rl = roll_lab
-    new = rl.profile("roll-b")
+    new = rl.profile("roll-a", release="b")
     before = {h: _server_pid(rl, h, str(rl.tmp / "roll-a.yaml")) for h in ("ct131", "ct132")}
     doc = yaml.safe_load(rl.inventory.read_text())
-    # ct130's server crashes on start under roll-b only (a stand-in knob through profile_overrides)
-    doc["all"]["hosts"]["ct130"]["profile_overrides"] = {"roll-b": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "0.3"}}}
+    # ct130's server crashes on start (a stand-in knob through profile_overrides)
+    doc["all"]["hosts"]["ct130"]["profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "0.3"}}}
     rl.write_inventory(doc)
 
     def deploy(resume: bool) -> dict:
@@ -350,11 +353,13 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     assert out["exit_code"] == 1, json.dumps(out, indent=1, default=str)[-4000:]
     outcomes = {h: d["outcome"] for h, d in out["hosts"].items()}
     assert outcomes == {"ct129": "deployed", "ct130": "failed, reverted", "ct131": "untouched",
-                        "ct132": "untouched"}, outcomes
+                        "ct132": "untouched"}, {h: (d["outcome"], d.get("summary")) for h, d in out["hosts"].items()}
     assert out["halted"]["batch"] == 2 and out["untouched"] == ["ct131", "ct132"]
     assert out["hosts"]["ct130"]["detail"]["reverted"]["healthy"] is True
     assert "exited" in out["hosts"]["ct130"]["summary"] or "exit" in out["hosts"]["ct130"]["summary"]
-    # ct130 serves its previous deployment (roll-a: no drift against it) and is back in the router
+    # ct130 serves its previous deployment (release 1: no drift against it) and is back in the router
+    del doc["all"]["hosts"]["ct130"]["profile_overrides"]
+    rl.write_inventory(doc)
     pid, drift = _server_pid(rl, "ct130", str(rl.tmp / "roll-a.yaml"))
     assert pid and drift == [], drift
     worker = RouterClient(rl.url).find(f"http://{rl.lab._host('ct130').address}:{rl.port}")
@@ -363,15 +368,44 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     assert {h: _server_pid(rl, h, str(rl.tmp / "roll-a.yaml")) for h in ("ct131", "ct132")} == before
     assert out["state_file"]
 
-    # --continue after the fix: ct129 is not redone; the rest get roll-b
-    del doc["all"]["hosts"]["ct130"]["profile_overrides"]
-    rl.write_inventory(doc)
+    # --continue after the fix (the knob is gone): ct129 is not redone; the rest get release b
     out = deploy(True)
     assert out["exit_code"] == 0, json.dumps(out, indent=1, default=str)[-4000:]
     outcomes = {h: d["outcome"] for h, d in out["hosts"].items()}
     assert outcomes == {"ct129": "done earlier (--continue)", "ct130": "deployed", "ct131": "deployed",
-                        "ct132": "deployed"}, outcomes
+                        "ct132": "deployed"}, {h: (d["outcome"], d.get("summary")) for h, d in out["hosts"].items()}
     assert out["state_file"] is None
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_server_that_does_not_stay_healthy_for_min_ready_is_reverted(roll_lab):
+    from orchestrator.fleet.inventory import load_inventory
+    from orchestrator.fleet.router import RouterClient
+    from orchestrator.spec.profile import load_profile
+    from orchestrator.stages.deploy import DeployOptions
+
+    rl = roll_lab
+    new = rl.profile("roll-a", release="c")
+    doc = yaml.safe_load(rl.inventory.read_text())
+    # passes the staged health (about 2 s after it listens), then crashes: only min_ready sees it
+    doc["all"]["hosts"]["ct129"]["profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "6"}}}
+    rl.write_inventory(doc)
+    try:
+        options = rollout.RolloutOptions(mode="deploy", serial=[1], min_ready=12, state_dir=rl.tmp / "runs-minready",
+                                         deploy=DeployOptions(command="test"))
+        out = rollout.rolling_deploy(load_inventory(str(rl.inventory)), "all", load_profile(str(new)), options)
+    finally:
+        del doc["all"]["hosts"]["ct129"]["profile_overrides"]
+        rl.write_inventory(doc)
+    assert out["exit_code"] == 1, json.dumps(out, indent=1, default=str)[-4000:]
+    host = out["hosts"]["ct129"]
+    assert host["outcome"] == "failed, reverted" and host["detail"]["phase"] == "min_ready", host["summary"]
+    assert out["untouched"] == ["ct130", "ct131", "ct132"]
+    worker = RouterClient(rl.url).find(f"http://{rl.lab._host('ct129').address}:{rl.port}")
+    assert worker is not None and worker.healthy
+    pid, drift = _server_pid(rl, "ct129", str(rl.tmp / "roll-a-b.yaml"))  # the previous deployment again
+    assert pid and drift == [], drift
 
 
 @pytest.mark.lab

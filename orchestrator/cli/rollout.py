@@ -51,7 +51,9 @@ RunsOpt = typer.Option("runs", "--runs-dir", help="Where results and the resumab
 def rollout_options(mode: str, batch: str, max_unavailable: Optional[str], max_fail_percentage: float,
                     drain_timeout: float, min_ready: float, stop_grace: float, router_timeout: float,
                     resume: bool, load_timeout: Optional[float], health_timeout: Optional[float],
-                    runs: str) -> stage.RolloutOptions:
+                    runs: str, deploy_options: Optional[deploy_stage.DeployOptions] = None) -> stage.RolloutOptions:
+    """The rollout's options from the command line; `deploy --rolling` passes its own DeployOptions
+    (--force, --no-revert, --manager) as `deploy_options`."""
     if stop_grace < 0:
         raise ConfigError(f"--stop-grace must be >= 0 seconds, got {stop_grace}")
     timeouts: dict[str, float] = {}
@@ -63,7 +65,8 @@ def rollout_options(mode: str, batch: str, max_unavailable: Optional[str], max_f
         if health_timeout <= 0:
             raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
         timeouts.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
-    deploy_options = deploy_stage.DeployOptions(command=command_line(), stop_grace=stop_grace, timeouts=timeouts)
+    if deploy_options is None:
+        deploy_options = deploy_stage.DeployOptions(command=command_line(), stop_grace=stop_grace, timeouts=timeouts)
     return stage.RolloutOptions(mode=mode, serial=stage.parse_serial(batch), max_unavailable=max_unavailable,
                                 max_fail_percentage=max_fail_percentage, drain_timeout=drain_timeout,
                                 min_ready=min_ready, router_timeout=router_timeout, resume=resume,

@@ -46,6 +46,7 @@ from ..fleet.inventory import Host, Inventory
 from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_healthy, worker_in_flight)
 from ..spec.profile import Artifacts, Profile, with_overrides
 from . import deploy as deploy_stage
+from . import health as health_stage
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 
@@ -381,6 +382,32 @@ class HostRoll:
         self.times["min_ready_s"] = round(time.monotonic() - began, 3)
         return None
 
+    def revert_after_min_ready(self, doc: dict[str, Any], why: str) -> dict[str, Any]:
+        """ADAPTER (until stages.deploy can revert a recorded deployment itself): a server that
+        passed health but did not stay healthy for min_ready goes back to the previous deployment
+        with HostDeploy's own revert (lease, release rollback, server revert, health, record)."""
+        self.stage(f"min_ready failed ({why}): revert")
+        again = deploy_stage.HostDeploy(self.conn, self.run.profile, self.run.artifacts, self.run.inventory.path,
+                                        self.run.deploy_options, self.stage)
+        try:
+            again._plan()  # takes the deploy lease
+            failed = health_stage.HealthResult(ok=False, failed={"stage": "min_ready", "message": why})
+            again._failed_after_launch(failed, doc.get("pushed"), (doc.get("running_before") or {}).get("release"),
+                                       doc.get("mode") or "supervisor")
+        except SglfleetError as exc:
+            again.doc.update(summary=f"{why}; reverting FAILED: {exc}")
+        finally:
+            if again.leased:
+                try:
+                    again.server("unlease")
+                except SglfleetError:
+                    pass
+        out = dict(doc, ok=False, phase="min_ready", reverted=again.doc.get("reverted"),
+                   rolled_back=again.doc.get("rolled_back"), summary=f"{self.name}: {again.doc.get('summary') or why}")
+        out["outcome"] = "failed, reverted" if (again.doc.get("reverted") or {}).get("healthy") else \
+            "failed (out of routing)"
+        return out
+
     def __call__(self) -> dict[str, Any]:
         run = self.run
         kind = _RestartDeploy if run.options.mode == "restart" else deploy_stage.HostDeploy
@@ -397,15 +424,13 @@ class HostRoll:
         if doc.get("ok"):
             why = self.stays_ready()
             if why:
-                doc.update(ok=False, phase="min_ready", summary=f"{self.name}: {why}; left out of routing "
-                           "(it may crash again): check `sglfleet status`", outcome="failed (out of routing)")
-                doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
-                return doc
-            doc["outcome"] = "restarted" if run.options.mode == "restart" else "deployed"
-        elif reverted.get("healthy"):
-            doc["outcome"] = "failed, reverted"
-        else:
-            doc["outcome"] = "failed (out of routing)"
+                doc = self.revert_after_min_ready(doc, why)
+                reverted = doc.get("reverted") or {}
+            else:
+                doc["outcome"] = "restarted" if run.options.mode == "restart" else "deployed"
+        if not doc.get("outcome"):
+            doc["outcome"] = "failed, reverted" if reverted.get("healthy") else "failed (out of routing)"
+        if doc["outcome"] == "failed (out of routing)":  # not serving: it stays out and holds its slot
             doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
             return doc
         try:
