@@ -108,7 +108,7 @@ def main() -> None:
               f"{total / 2**20:.1f} MiB of tar.gz fetched ({total / 2**20 / wall:.1f} MiB/s)")
 
         host = names[0]
-        code, out, err, wall_whole, _ = measured("logs", host, "bench", "--json", "-i", inv, "--runs-dir",
+        code, out, err, wall_whole, rss_whole = measured("logs", host, "bench", "--json", "-i", inv, "--runs-dir",
                                                  str(work / "runs"))
         whole = json.loads(out)["hosts"][host]
         with Connection(inventory.hosts[host], known) as conn:
@@ -124,7 +124,8 @@ def main() -> None:
         print(f"logs --since last after {args.append_lines} new lines ({len(added)} bytes): {state['bytes_read']} log "
               f"bytes read on the host, {state['answer_bytes']} answer bytes in {state['calls']} call(s), "
               f"{wall_new:.2f}s; the whole read before it: {whole['bytes_read']} log bytes, "
-              f"{whole['answer_bytes']} answer bytes in {whole['calls']} calls, {wall_whole:.1f}s")
+              f"{whole['answer_bytes']} answer bytes in {whole['calls']} calls, {wall_whole:.1f}s, controller peak "
+              f"RSS {rss_whole:.0f} MiB")
     finally:
         lab.down()
 

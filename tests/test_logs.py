@@ -156,6 +156,15 @@ def test_no_server_on_the_host_is_one_clear_error(tmp_path):
     assert "no sglfleet server on this host" in str(states["local"].error)
 
 
+def test_a_profile_the_host_does_not_run_is_named_with_the_ones_it_does(tmp_path):
+    write(tmp_path / "p.log", line(BASE, "one"))
+    extra = {"log_dir": str(tmp_path), "state_dir": str(tmp_path / "state")}
+    merged, states = stage.read_merged([local()], stage.Query(profile="typo", extra=extra), {})
+    assert list(merged) == []
+    assert "no server of profile typo on this host" in str(states["local"].error)
+    assert "(this host has: p)" in str(states["local"].error)
+
+
 def test_supervisor_marker_time_is_read_with_its_offset():
     stamps = remote_logs.Stamps()
     assert stamps.of(b"==== sglfleet supervisor: start abc 2026-12-03T10:30:00+0100: /x\n") == BASE

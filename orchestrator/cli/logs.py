@@ -143,8 +143,13 @@ def logs_command(pattern: str = PatternArg, profile: Optional[str] = ProfileOpt,
             printer.finish(states, 1 if failed else 0, command_line="logs -f")
             raise typer.Exit(1 if failed else 0)
         merged, states = stage.read_merged(conns, query, cursors)
-        for line in merged:
-            printer.line(line)
+        try:
+            for line in merged:
+                printer.line(line)
+            printer.flush()
+        except BrokenPipeError:  # `sglfleet logs ... | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
     store.save(group.hosts, states)
     failed = {n: s for n, s in states.items() if s.error is not None}
     code = 1 if failed else 0

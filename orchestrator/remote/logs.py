@@ -445,6 +445,10 @@ def cmd_read(args, stream=None):
     args = resolve_profile(args)
     paths = paths_for(args)
     source = source_of(args, paths)
+    if source == "file" and not log_files(paths["log"]) and not os.path.isdir(paths["dir"]):
+        others = profiles_here(args)
+        raise Failure("no server of profile %s on this host: no %s and no %s%s" % (
+            args["profile"], paths["log"], paths["dir"], " (this host has: %s)" % ", ".join(others) if others else ""))
     cursor = args.get("cursor")
     if cursor and cursor.get("kind") != ("journald" if source == "journald" else "file"):
         cursor = None  # the server moved between supervisor and systemd: start over
