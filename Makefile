@@ -44,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch pinned to the CPU build kept on disk here: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,kernels]'
+	$(PY) -m pip install -q -e '.[dev,kernels,metrics]'
 	@touch $@
 
 setup: sshd $(VENV)/.installed
