@@ -54,7 +54,7 @@ def test_one_host_down_others_succeed(lab):
 def test_missing_interpreter_fails_that_host_only(lab, tmp_path):
     inv = tmp_path / "inv.yaml"
     text = lab.inventory_path.read_text().replace(
-        "ct131:\n      address", "ct131:\n      python: /opt/nope/python3\n      address")
+        "ct131:\n      ansible_host", "ct131:\n      ansible_python_interpreter: /opt/nope/python3\n      ansible_host")
     inv.write_text(text)
     (tmp_path / "inv.known_hosts").write_text(lab.known_hosts_path.read_text())
     proc = sglfleet("facts", "all", "-i", str(inv), "--json")
