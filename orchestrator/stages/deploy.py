@@ -243,7 +243,8 @@ class HostDeploy:
                                                    "ttl": self.lease_ttl()}
         extra = {"holder": self.holder, "lease": lease}
         try:
-            planned = plan_call(self.conn, self.profile, self.artifacts, extra)
+            # A dry run changes nothing: not even the recovery of an interrupted push.
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra, recover=not self.options.dry_run)
         except RemoteError as exc:
             held = exc.detail.get("lease")
             if not held or not lease or not _controller_gone(held.get("holder") or {}):
@@ -364,8 +365,12 @@ class HostDeploy:
                                    bind=rendered.bind, port=rendered.port, stop_grace=self.options.stop_grace,
                                    programs=program_texts())
         except RemoteError as exc:
-            undo = self._undo_release(applied, previous_release)
-            return self.fail("launch", f"{exc}{undo}", port_taken=exc.detail.get("port_taken"))
+            if exc.detail.get("port_taken") or exc.exit_status == 3:  # refused before anything was stopped
+                undo = self._undo_release(applied, previous_release)
+                return self.fail("launch", f"{exc}{undo}", port_taken=exc.detail.get("port_taken"))
+            # It failed after it may have stopped the old server: revert as after a failed start.
+            return self._failed_after_launch(health_stage.HealthResult(ok=False, failed={
+                "stage": "launch", "message": str(exc)}), applied, previous_release, mode)
         self.doc["stopped"] = launched.get("stopped")
         self.doc["launched"] = {k: launched.get(k) for k in ("pid", "started", "mode", "start_id")}
         result = self._health(mode, rendered, expected)

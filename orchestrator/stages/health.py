@@ -49,6 +49,8 @@ class HealthResult:
             return f"server exited with code {f.get('exit_code')} during {f.get('stage')}"
         if f.get("timed_out"):
             return f"health stage {f.get('stage')} timed out after {f.get('seconds')}s (last: {f.get('last')})"
+        if f.get("stage") == "launch":
+            return f"launch failed: {f.get('message')}"
         return f"health stage {f.get('stage')} failed: {f.get('message') or f.get('last')}"
 
 
