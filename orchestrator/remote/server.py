@@ -522,6 +522,7 @@ def start_supervised(args, paths, start_id):
 def start_systemd(args, paths):
     if systemctl("daemon-reload")["rc"] != 0:
         raise Failure("systemctl daemon-reload failed")
+    systemctl("enable", paths["unit"])  # started again at boot, as it runs now
     result = systemctl("restart", paths["unit"], timeout=120)
     if result["rc"] != 0:
         raise Failure("systemctl restart %s failed: %s" % (paths["unit"], result["stderr"].strip()))

@@ -46,7 +46,7 @@ from .smoke import diagnose, run_probe, simulate_for
 
 SERVER = "server.py"
 COMPANIONS = ("server_facts.py", "release.py")
-STOP_TIMEOUT_S = 600  # systemd's TimeoutStopSec: SGLang's drain has no timeout of its own
+DEFAULT_STOP_GRACE_S = 120.0  # SGLang's drain has no timeout of its own: this bounds it
 
 
 @dataclass
@@ -55,7 +55,7 @@ class DeployOptions:
     dry_run: bool = False
     revert: bool = True
     force: bool = False
-    stop_grace: float = 120.0
+    stop_grace: float = DEFAULT_STOP_GRACE_S
     timeouts: dict[str, float] = field(default_factory=dict)
     runs_dir: Path | None = None
     manager: str | None = None  # systemd | supervisor; None: the host decides (systemd if PID 1)
@@ -103,12 +103,14 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def render_files(rendered: Rendered) -> dict[str, str]:
+def render_files(rendered: Rendered, stop_grace: float = DEFAULT_STOP_GRACE_S) -> dict[str, str]:
+    """The launch script, env file and unit; the unit's TimeoutStopSec is the stop grace, so a
+    systemd host drains exactly as long as a supervised one."""
     paths = server_paths(rendered.profile)
     return {"launch_script": rendered.template("launch.sh.j2", env_file=paths["env_file"]),
             "env": rendered.template("sglang.env.j2"),
             "unit": rendered.template("sglang-server.service.j2", launch_script=paths["launch_script"],
-                                      stop_timeout_s=STOP_TIMEOUT_S)}
+                                      stop_timeout_s=max(1, int(stop_grace)))}
 
 
 def program_texts() -> dict[str, str]:
@@ -291,7 +293,7 @@ class HostDeploy:
                                               check_flags=not patching)
         except (RenderError, SglfleetError) as exc:
             return self.fail("render", str(exc), exit_code=getattr(exc, "exit_code", 1))
-        files = render_files(rendered)
+        files = render_files(rendered, self.options.stop_grace)
         mode = self.options.manager or self.host.vars.get("server_manager") or \
             ("systemd" if planned.get("systemd") else "supervisor")
         if mode not in ("systemd", "supervisor"):
