@@ -314,9 +314,10 @@ class HostRoll:
         self.run.event("stage", self.name, text)
 
     def note(self, text: str) -> None:
-        self.stage(text)
         if text == "launch":  # HostDeploy is about to stop the old server: take the host out first
             self.take_out()
+            text = "stop (SGLang's drain) and start"
+        self.stage(text)
 
     def take_out(self) -> None:
         started = time.monotonic()
