@@ -430,7 +430,12 @@ class HostRoll:
             else:
                 doc["outcome"] = "restarted" if run.options.mode == "restart" else "deployed"
         if not doc.get("outcome"):
-            doc["outcome"] = "failed, reverted" if reverted.get("healthy") else "failed (out of routing)"
+            if reverted.get("healthy"):
+                doc["outcome"] = "failed, reverted"
+            elif worker_healthy(self.url):  # refused before it stopped anything: the old server serves on
+                doc["outcome"] = "failed, still serving"
+            else:
+                doc["outcome"] = "failed (out of routing)"
         if doc["outcome"] == "failed (out of routing)":  # not serving: it stays out and holds its slot
             doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
             return doc
