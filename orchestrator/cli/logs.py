@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..fleet.group import DEFAULT_FORKS, Group
 from ..stages import logs as stage
 from ..stages import metrics as metrics_stage
+from ..stages.runs import run_dir
 from . import output
 from .common import InventoryOpt, JsonOpt, PatternArg, PolicyOpt, host_key_policy, inventory, run_group
 
@@ -164,7 +165,7 @@ def logs_command(pattern: str = PatternArg, profile: Optional[str] = ProfileOpt,
 
 def _bundle(inv: Any, pattern: str, query: stage.Query, runs: str, forks: int, as_json: bool,
             policy: Optional[str]) -> None:
-    directory = stage.run_dir(runs, "logs")
+    directory = run_dir(runs, "logs")
     slots = threading.Semaphore(stage.FETCH_SLOTS)
     started = time.monotonic()
     results = run_group(inv, pattern, lambda conn: stage.bundle_host(conn, query, directory, runs, slots),

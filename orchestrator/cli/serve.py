@@ -16,7 +16,8 @@ from ..fleet.local import LocalConnection
 from ..remote.hostlib import server_paths
 from ..spec.profile import load_profile
 from ..stages.render import render, server_facts
-from ..stages.smoke import run_dir, simulate_for, smoke_host, store
+from ..stages.runs import run_dir
+from ..stages.smoke import simulate_for, smoke_host, store
 from . import output
 from .common import ForksOpt, InventoryOpt, JsonOpt, PolicyOpt, inventory, on_one_host, run_group
 
@@ -82,7 +83,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
             raise ConfigError(f"--python {interpreter}: no such executable here (give the path of the Python "
                               "that has SGLang installed, e.g. /root/ml-env/bin/python3)")
         conn = LocalConnection(Host(name="local", address="127.0.0.1", python=interpreter))
-        directory = run_dir(runs)
+        directory = run_dir(runs, "smoke")
         document = smoke_host(conn, prof, "local", simulate)
         store(directory, "local", document)
         results = {"local": document}
@@ -90,7 +91,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
         if not pattern or not profile:
             raise ConfigError("usage: sglfleet smoke PATTERN PROFILE (or sglfleet smoke --local PROFILE)")
         inv, prof = inventory(inventory_path), load_profile(profile)
-        directory = run_dir(runs)
+        directory = run_dir(runs, "smoke")
 
         def task(conn):
             document = smoke_host(conn, prof, inv.path, simulate_for(conn.host, simulate))

@@ -16,7 +16,6 @@ runtime_context.override_platform), adding `--device cuda` as auto-detection on 
 
 import contextlib
 import io
-import json
 import logging
 import sys
 import time

@@ -313,16 +313,6 @@ class CursorStore:
 # ---------------------------------------------------------------- bundle
 
 
-def run_dir(base: str | Path, kind: str) -> Path:
-    path = Path(base) / (time.strftime("%Y%m%dT%H%M%S") + f"-{kind}")
-    suffix = 0
-    while path.exists():
-        suffix += 1
-        path = Path(f"{path}-{suffix}")
-    path.mkdir(parents=True)
-    return path
-
-
 def last_smoke(runs: str | Path, host: str) -> dict[str, Any] | None:
     """The newest smoke result for HOST on this controller: runs/*-smoke/HOST.json, or the smoke
     part of a deploy's runs/*-deploy/HOST.json (run dirs start with their time, so names sort)."""

@@ -64,16 +64,6 @@ def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
     return fixes
 
 
-def run_dir(base: str | Path = "runs") -> Path:
-    path = Path(base) / (time.strftime("%Y%m%dT%H%M%S") + "-smoke")
-    suffix = 0
-    while path.exists():
-        suffix += 1
-        path = Path(f"{path}-{suffix}")
-    path.mkdir(parents=True)
-    return path
-
-
 def store(directory: Path, host: str, document: dict[str, Any]) -> None:
     (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
     probe = document.get("probe") or {}
