@@ -44,7 +44,9 @@ def cmd_build(args, stream):
     for path, data in files:
         hostlib.write_bytes_atomic(os.path.join(root, "src", path), data)
     out = os.path.join(root, "out")
-    argv = [sys.executable, "-m", "kernels.ddtree.build", "--out", out] + (["--cpu-only"] if args.get("cpu_only")
+    toolkit = cuda_toolkit()
+    cpu_only = args.get("cpu_only") or toolkit is None
+    argv = [sys.executable, "-m", "kernels.ddtree.build", "--out", out] + (["--cpu-only"] if cpu_only
                                                                             else ["--arch", args.get("arch", "9.0")])
     started = time.monotonic()
     env = dict(os.environ, MAX_JOBS=str(args.get("jobs") or 2))
@@ -52,14 +54,32 @@ def cmd_build(args, stream):
                             env=env)
     output = result.stdout.decode("utf-8", "replace")
     if result.returncode != 0:
-        raise Failure("building the extension with %s failed (exit %d):\n%s" % (sys.executable, result.returncode,
-                                                                              output), phase="build", output=output)
+        fix = ""
+        if "C++20 or later compatible compiler is required" in output:
+            fix = ("\nfix: this host's torch headers need C++20 and kernels/ddtree/build.py compiles with "
+                   "-std=c++17: build with -std=c++20 for this torch")
+        raise Failure("building the extension with %s failed (exit %d):\n%s%s" % (sys.executable, result.returncode,
+                                                                                output, fix), phase="build",
+                      output=output)
     with open(os.path.join(out, "metadata.json")) as fh:
         metadata = json.load(fh)
     with open(os.path.join(out, metadata["module"]), "rb") as fh:
         module = fh.read()
     return {"metadata": metadata, "module_b64": base64.b64encode(module).decode("ascii"), "output": output[-4000:],
-            "seconds": round(time.monotonic() - started, 1), "python": sys.executable, "dir": root}
+            "seconds": round(time.monotonic() - started, 1), "python": sys.executable, "dir": root,
+            "cuda_toolkit": toolkit, "cpu_only": cpu_only}
+
+
+def cuda_toolkit():
+    """Where a usable CUDA toolkit is (nvcc AND the runtime headers), or None: a host with a
+    CUDA torch but no toolkit (the lab's, a runtime-only image) gets a CPU build, not a failed one."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home:
+        nvcc = shutil.which("nvcc")
+        home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc))) if nvcc else "/usr/local/cuda"
+    ok = os.path.isfile(os.path.join(home, "bin", "nvcc")) and \
+        os.path.isfile(os.path.join(home, "include", "cuda_runtime_api.h"))
+    return home if ok else None
 
 
 COMMANDS = {"build": cmd_build}

@@ -70,8 +70,18 @@ def fingerprint_of(conn: Any) -> dict[str, Any]:
 
 
 def cached(fp: dict[str, Any]) -> Extension | None:
-    where = cache_dir() / key(fp)
+    """The build made for hosts of this fingerprint (a CPU build where they had no CUDA toolkit)."""
+    alias = cache_dir() / "by-host" / key(fp)
+    if not alias.is_file():
+        return None
+    where = cache_dir() / alias.read_text().strip()
     return load_extension(where) if (where / "metadata.json").is_file() else None
+
+
+def _store_alias(host_fp: dict[str, Any], artifact_key: str) -> None:
+    alias = cache_dir() / "by-host" / key(host_fp)
+    alias.parent.mkdir(parents=True, exist_ok=True)
+    alias.write_text(artifact_key + "\n")
 
 
 def cached_all() -> list[Extension]:
@@ -81,11 +91,14 @@ def cached_all() -> list[Extension]:
 
 
 def for_host(inspected: dict[str, Any]) -> Extension | None:
-    """The cached build that loads on this host (None: none built for its fingerprint)."""
-    for extension in cached_all():
-        if not extension.mismatches(inspected):
-            return extension
-    return None
+    """The cached build that loads on this host (None: none built for its fingerprint): the one
+    made for its fingerprint, else any that loads there, a CUDA build before a CPU one."""
+    own = cached(host_fingerprint(inspected))
+    if own is not None and not own.mismatches(inspected):
+        return own
+    loadable = [e for e in cached_all() if not e.mismatches(inspected)]
+    loadable.sort(key=lambda e: e.fingerprint.get("cuda_version") is None)
+    return loadable[0] if loadable else None
 
 
 def sources() -> list[tuple[str, bytes]]:
@@ -104,17 +117,20 @@ def build_on_host(conn: Any, fp: dict[str, Any], arch: str = "9.0") -> dict[str,
     args = {"files": [[p, len(d)] for p, d in files], "cpu_only": not fp.get("cuda_version"), "arch": arch}
     answer = remote_call.call(conn, "kernel_build.py", "build", args, payload=b"".join(d for _, d in files),
                               timeout=3600)
-    target = cache_dir() / key(fp)
-    target.mkdir(parents=True, exist_ok=True)
     metadata = answer["metadata"]
+    artifact_key = key(metadata["fingerprint"])  # what was built: CPU where the host had no CUDA toolkit
+    target = cache_dir() / artifact_key
+    target.mkdir(parents=True, exist_ok=True)
     module = base64.b64decode(answer["module_b64"])
     if hashlib.sha256(module).hexdigest() != metadata["sha256"][metadata["module"]]:
         raise SglfleetError(f"{conn.host.name}: the fetched module does not match the sha256 its build recorded")
     (target / metadata["module"]).write_bytes(module)
     metadata["built_on"] = conn.host.name
     (target / "metadata.json").write_text(json.dumps(metadata, indent=2) + "\n")
-    return {"where": conn.host.name, "seconds": answer["seconds"], "dir": str(target),
-            "module_bytes": len(module)}
+    _store_alias(fp, artifact_key)
+    return {"where": conn.host.name, "seconds": answer["seconds"], "dir": str(target), "artifact": artifact_key,
+            "module_bytes": len(module), "cpu_only": answer.get("cpu_only"),
+            "cuda_toolkit": answer.get("cuda_toolkit")}
 
 
 def build_here(fp: dict[str, Any], arch: str = "9.0") -> dict[str, Any]:
@@ -125,7 +141,9 @@ def build_here(fp: dict[str, Any], arch: str = "9.0") -> dict[str, Any]:
     proc = subprocess.run(argv, cwd=KERNELS.parent, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SglfleetError(f"building the extension on this controller failed:\n{proc.stdout}{proc.stderr}")
-    return {"where": "controller", "seconds": round(time.monotonic() - started, 1), "dir": str(target)}
+    _store_alias(fp, key(fp))
+    return {"where": "controller", "seconds": round(time.monotonic() - started, 1), "dir": str(target),
+            "artifact": key(fp)}
 
 
 def controller_matches(fp: dict[str, Any]) -> bool:
