@@ -14,6 +14,7 @@ from ..fleet.group import Group, GroupResult, TaskOutcome
 from ..spec.profile import load_profile
 from ..stages import deploy as stage
 from ..stages import kernels
+from ..stages.runs import run_dir
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
@@ -77,7 +78,7 @@ def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path:
     options = stage.DeployOptions(command=command_line(), dry_run=dry_run, revert=not no_revert, force=force,
                                   stop_grace=stop_grace, timeouts=_timeouts(load_timeout, health_timeout),
                                   manager=manager)
-    directory = None if dry_run else stage.run_dir(runs)
+    directory = None if dry_run else run_dir(runs, "deploy")
 
     def task(conn, note):
         doc = stage.HostDeploy(conn, prof, artifacts, inv.path, options, note).run()

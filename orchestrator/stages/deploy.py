@@ -502,16 +502,6 @@ def _running_summary(running: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- runs/<time>-deploy/
 
 
-def run_dir(base: str | Path = "runs") -> Path:
-    path = Path(base) / (time.strftime("%Y%m%dT%H%M%S") + "-deploy")
-    suffix = 0
-    while path.exists():
-        suffix += 1
-        path = Path(f"{path}-{suffix}")
-    path.mkdir(parents=True)
-    return path
-
-
 def store(directory: Path, host: str, document: dict[str, Any]) -> None:
     """<host>.json whole; the server's log and the probe's traceback also as plain files."""
     (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
