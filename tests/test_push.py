@@ -376,6 +376,13 @@ class Background:
         return json.loads(self.result.stdout)
 
 
+def from_pristine(lab, host: str) -> None:
+    """Roll back whatever an earlier test (of any file: deploy pushes too) left active on `host`,
+    so the test starts from the pristine package whatever ran before it."""
+    proc = cli(lab, "rollback", host, "--to", "pristine", "--force", "--json")
+    assert proc.returncode == 0 or "nothing to roll back" in proc.stdout, proc.stdout + proc.stderr
+
+
 def release_dirs(conn) -> list[str]:
     return conn.run(f"ls {STATE}/releases 2>/dev/null || true").stdout_text.split()
 
@@ -384,6 +391,7 @@ def test_staged_file_changed_in_transit_is_refused_before_any_swap(lab, inventor
     """apply hashes every staged file against the sha256 the controller sent: a staged file whose
     bytes changed after the transfer wrote them (here: appended to on the host, mid-transfer)
     stops the push before the first swap, and the release's staging is removed."""
+    from_pristine(lab, "ct134")
     with connect(inventory, "ct134") as conn:
         files = Files(conn)
         pristine = files.hashes()
@@ -413,6 +421,7 @@ def test_swap_renames_a_new_inode_in_and_a_reader_never_sees_a_partial_file(lab,
     old or the new bytes, never anything else; each changed name gets a new inode (temp file +
     rename), and a descriptor opened before the swap still reads the old bytes whole."""
     env = {"SGLFLEET_SWAP_PACE_S": "0.2"}
+    from_pristine(lab, "ct135")
     with connect(inventory, "ct135") as conn:
         files = Files(conn)
         pristine = files.hashes()
@@ -476,6 +485,7 @@ def test_rollback_over_several_releases_restores_each_files_oldest_bytes(lab, in
     pristine bytes (and no file where there was none); rolling back to the first gives the first
     release's bytes: per file, the backup of the OLDEST release undone wins, not the newest's."""
     host = "ct134"
+    from_pristine(lab, host)
     with connect(inventory, host) as conn:
         root = inspect(conn, load_profile(PROFILE).artifacts())["package"]["root"]
         target, added_path = f"{root}/{CHAIN_FILE}", f"{root}/{CHAIN_NEW}"
