@@ -506,12 +506,16 @@ class Rollout:
             url = self.worker_urls[h.name]
             row: dict[str, Any] = {"host": h.name, "worker_url": url, "routers": host_routers(h), "up": True,
                                    "why": "", "registered": []}
-            serving = None
+            # The server's own /health, not only the routers' view: a router sees a stopped server
+            # only at its next health check (interval x failure threshold later).
+            serving = worker_healthy(url)
             for router in host_routers(h):
                 worker = listed[router].get(url)
-                if worker is not None and worker.healthy:
+                if worker is not None and worker.healthy and serving:
                     continue
-                serving = worker_healthy(url) if serving is None else serving
+                if worker is not None and worker.healthy:
+                    row.update(up=False, why=f"{router} still lists it healthy, but its /health fails")
+                    break
                 if worker is None and serving:
                     try:
                         RouterClient(router).ensure(url, self.options.router_timeout)
@@ -523,7 +527,7 @@ class Rollout:
                 row.update(up=False, why=(f"unhealthy in {router}" if worker is not None else
                                           f"not in {router}, and its server does not answer /health"))
                 break
-            if not host_routers(h) and not worker_healthy(url):
+            if not host_routers(h) and not serving:
                 row.update(up=False, why="its server does not answer /health (no router fronts it)")
             table.append(row)
         self.fleet = table
