@@ -201,7 +201,9 @@ class HostDeploy:
         self.conn = Counted(conn)
         self.host = conn.host
         self.profile, self.artifacts, self.inventory_path = profile, artifacts, inventory_path
-        self.options, self.note = options, note
+        self.options, self._note = options, note
+        self.steps: dict[str, float] = {}  # step -> seconds, in order (the bench's breakdown)
+        self._step: tuple[str, float] | None = None
         self.deploy_id = new_deploy_id()
         self.holder = holder(options.command)
         self.doc: dict[str, Any] = {"host": self.host.name, "profile": profile.name, "deploy_id": self.deploy_id,
@@ -210,6 +212,22 @@ class HostDeploy:
         self.leased = False
 
     # ------------------------------------------------------------ plumbing
+
+    STEPS = ("plan", "push", "smoke", "launch", "health", "record", "revert")
+
+    def note(self, text: str) -> None:
+        """Live progress; a note that names a step also starts its clock."""
+        step = text.split(" ", 1)[0].rstrip(":")
+        if step in self.STEPS and (self._step is None or self._step[0] != step):
+            self._close_step()
+            self._step = (step, time.monotonic())
+        self._note(text)
+
+    def _close_step(self) -> None:
+        if self._step is not None:
+            name, began = self._step
+            self.steps[name] = round(self.steps.get(name, 0.0) + time.monotonic() - began, 3)
+            self._step = None
 
     def server_args(self, **extra: Any) -> dict[str, Any]:
         return {"profile": self.profile.name, "deploy_id": self.deploy_id, "holder": self.holder, **extra}
@@ -237,6 +255,8 @@ class HostDeploy:
                     self.server("unlease")
                 except SglfleetError:
                     pass
+            self._close_step()
+            self.doc["steps"] = self.steps
             self.doc["round_trips"] = {"exec": self.conn.exec, "health_polls": self.conn.polls}
             self.doc["seconds"] = round(time.monotonic() - started, 3)
 
@@ -422,6 +442,7 @@ class HostDeploy:
 
     def _health(self, mode: str, rendered: Rendered, expected: dict[str, Any]) -> health_stage.HealthResult:
         base = self.server_args(mode=mode, bind=rendered.bind, port=rendered.port)
+        self.note("health")
         with self.conn.polling():
             return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note)
 
