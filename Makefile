@@ -48,6 +48,9 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 setup: sshd $(VENV)/.installed
+	# The lab's real sglang-router (its own venv under /var/cache/sglfleet; needs the package index,
+	# so before any jail). Idempotent.
+	$(PY) -m orchestrator.lab.router install
 
 # The main job on the lab: facts, then the DDTree patchset planned and pushed, the launch flags
 # rendered (with their sources), and SGLang's own validation run on every host.
