@@ -280,3 +280,18 @@ def _wheel_outside_the_checkout(lab, tmp_path):
                               timeout=300)
         assert proc.returncode == 0, proc.stderr
         assert expected in " ".join(proc.stdout.split())
+
+
+def test_companion_scripts_run_in_the_same_process(tmp_path):
+    main = tmp_path / "main.py"
+    main.write_text("import os, sglfleet_hostlib as hostlib\n"
+                    "def both(args, stream):\n"
+                    "    helper = hostlib.companion('helper.py')\n"
+                    "    return {'helper': helper.answer(args['x']), 'pid_same': helper.PID == os.getpid(),\n"
+                    "            'payload': stream.read().decode()}\n"
+                    "COMMANDS = {'both': both}\n")
+    helper = tmp_path / "helper.py"
+    helper.write_text("import os\nPID = os.getpid()\ndef answer(x):\n    return x * 2\n")
+    value = call(local(), str(main), "both", {"x": 21}, payload=b"after the companions",
+                 companions=(str(helper),))
+    assert value == {"helper": 42, "pid_same": True, "payload": "after the companions"}

@@ -3,8 +3,10 @@
 ONE exec round trip on the host's connection (or a local process for a `LocalConnection`):
 
     python -c BOOT SCRIPT COMMAND            (BOOT: the one-line bootstrap below)
-    stdin:  "<hostlib size> <script size> <args size>\\n"
-            remote/hostlib.py, remote/SCRIPT, the args as JSON, then the payload (e.g. a tar stream)
+    stdin:  "<hostlib size> <script size> <args size> [<companion> <size>]...\\n"
+            remote/hostlib.py, remote/SCRIPT, the args as JSON, the companion scripts (other
+            remote/ files whose functions the command calls in the same process, through
+            hostlib.companion), then the payload (e.g. a tar stream)
     stdout: ONE JSON envelope, written by hostlib.serve:
             {"ok": true, "value": ...} | {"ok": false, "error": {type, message, traceback, detail}}
 
@@ -25,11 +27,11 @@ from ..remote import REMOTE_DIR
 
 HOSTLIB = "hostlib.py"
 # Reads the header, installs hostlib as a module, hands the rest of stdin to hostlib.serve.
-BOOT = ("import sys,types;r=sys.stdin.buffer;n=[int(x) for x in r.readline().split()];"
+BOOT = ("import sys,types;r=sys.stdin.buffer;n=r.readline().split();"
         "m=types.ModuleType('sglfleet_hostlib');m.__file__='hostlib.py';sys.modules[m.__name__]=m;"
-        "exec(compile(r.read(n[0]),'hostlib.py','exec'),m.__dict__);"
+        "exec(compile(r.read(int(n[0])),'hostlib.py','exec'),m.__dict__);"
         "m.INTERPRETER_MISSING='--interpreter-missing' in sys.argv;"
-        "sys.exit(m.serve(r,n[1],n[2],sys.argv[1],sys.argv[2]))")
+        "sys.exit(m.serve(r,n[1:],sys.argv[1],sys.argv[2]))")
 
 Payload = bytes | Callable[[IO[bytes]], None] | None
 
@@ -50,14 +52,18 @@ def command_line(interpreter: str, script: str, command: str, fallback_python: b
 
 
 def call(conn: Any, script: str, command: str, args: dict[str, Any] | None = None, payload: Payload = None,
-         timeout: float | None = 600, python: str | None = None, fallback_python: bool = False) -> Any:
-    """Run `COMMANDS[command](args, stdin)` of remote/`script` on conn's host; its value."""
+         timeout: float | None = 600, python: str | None = None, fallback_python: bool = False,
+         companions: tuple[str, ...] = ()) -> Any:
+    """Run `COMMANDS[command](args, stdin)` of remote/`script` on conn's host; its value.
+    `companions`: other remote/ scripts the command uses in the same process (hostlib.companion)."""
     hostlib, code = script_bytes(HOSTLIB), script_bytes(script)
     args_json = json.dumps(args or {}).encode()
-    header = f"{len(hostlib)} {len(code)} {len(args_json)}\n".encode()
+    extra = [script_bytes(name) for name in companions]
+    sizes = " ".join(f"{name} {len(data)}" for name, data in zip(companions, extra))
+    header = f"{len(hostlib)} {len(code)} {len(args_json)} {sizes}".rstrip().encode() + b"\n"
 
     def stdin(writer: IO[bytes]) -> None:
-        writer.write(header + hostlib + code + args_json)
+        writer.write(header + hostlib + code + args_json + b"".join(extra))
         if isinstance(payload, (bytes, bytearray)):
             writer.write(payload)
         elif callable(payload):

@@ -356,20 +356,36 @@ def deploy_lease_conflict(state, deploy_id=None):
 # ---------------------------------------------------------------- the call convention
 
 
-def serve(stream, script_size, args_size, script_name, command):
+# Companion scripts sent with this call (name -> module), for a command that needs another
+# script's functions in the same process (e.g. server.py's plan runs server_facts.py's facts).
+COMPANIONS = {}
+
+
+def companion(name):
+    """The companion script `name` sent with this call, as a module (KeyError: it was not sent)."""
+    if name not in COMPANIONS:
+        raise Failure("this call was not sent the companion script %s" % name)
+    return COMPANIONS[name]
+
+
+def serve(stream, sizes, script_name, command):
     """Run one command of the script that follows this library on `stream` (stdin).
 
-    stdin: `<hostlib size> <script size> <args size>\\n`, this file, the script, the args JSON,
-    then the command's own payload (e.g. a tar stream), which the command reads from `stream`."""
+    stdin: `<hostlib size> <script size> <args size> [<companion> <size>]...\\n`, this file, the
+    script, the args JSON, each companion script, then the command's own payload (e.g. a tar
+    stream), which the command reads from `stream`. `sizes` is that header line without the
+    first number."""
     envelope = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints (SGLang's, a script's) go to stderr, never into the envelope
     sys.stdout = sys.stderr
     code = 0
     try:
-        module = type(sys)("sglfleet_script")
-        module.__file__ = script_name
-        exec(compile(stream.read(script_size), script_name, "exec"), module.__dict__)
+        script_size, args_size = int(sizes[0]), int(sizes[1])
+        module = load_module(stream, script_name, script_size, "sglfleet_script")
         args = json.loads(stream.read(args_size).decode("utf-8")) if args_size else {}
+        for name, size in zip(sizes[2::2], sizes[3::2]):
+            name = os.path.basename(name.decode("utf-8") if isinstance(name, bytes) else name)
+            COMPANIONS[name] = load_module(stream, name, int(size), "sglfleet_companion_" + name.split(".")[0])
         commands = module.__dict__.get("COMMANDS", {})
         if command not in commands:
             raise Failure("%s has no command %r (it has: %s)" % (script_name, command, ", ".join(sorted(commands))))
@@ -385,6 +401,14 @@ def serve(stream, script_size, args_size, script_name, command):
     envelope.write(json.dumps(document, default=str))
     envelope.flush()
     return code
+
+
+def load_module(stream, name, size, module_name):
+    """The next `size` bytes of `stream`, run as a module named `module_name` (file name `name`)."""
+    module = type(sys)(module_name)
+    module.__file__ = name
+    exec(compile(stream.read(size), name, "exec"), module.__dict__)
+    return module
 
 
 def main(commands):
