@@ -59,6 +59,8 @@ class DeployOptions:
     timeouts: dict[str, float] = field(default_factory=dict)
     runs_dir: Path | None = None
     manager: str | None = None  # systemd | supervisor; None: the host decides (systemd if PID 1)
+    # One release id for every host of a run (as `push` gives), when the run pushes anything.
+    release_id: str = field(default_factory=release.new_release_id)
 
 
 class Counted:
@@ -423,7 +425,7 @@ class HostDeploy:
         if self.artifacts.extension and any(f.key == self.artifacts.extension.key for f in changes):
             artifacts_doc.append({"kind": "extension", "name": self.artifacts.extension.name,
                                   "fingerprint": self.artifacts.extension.fingerprint})
-        args = {"package": planned["inspect"]["package"]["name"], "id": release.new_release_id(),
+        args = {"package": planned["inspect"]["package"]["name"], "id": self.options.release_id,
                 "holder": self.holder, "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
                 "artifacts": artifacts_doc, "import_check": host_plan.import_check, "pace_s": 0.0}
         answer = release.call(self.conn, "apply", args, payload=tar)
