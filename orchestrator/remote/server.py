@@ -3,9 +3,10 @@
 Commands (each ONE exec round trip through the call convention, fleet/remote_call.py):
 
     plan     everything a deploy decides on, in one round trip: the server facts and the release
-             inspection (server_facts.py and release.py travel in the payload as companions and
-             run in this same process), what runs now (record, pid alive, start time, argv hash),
-             who holds the port, systemd or not; with `lease`, it takes the host's deploy lease.
+             inspection (server_facts.py and release.py are sent with the call as companions,
+             hostlib.companion, and run in this same process), what runs now (record, pid alive,
+             start time, argv hash), who holds the port, systemd or not; with `lease`, it takes
+             the host's deploy lease.
     launch   (lease) refuse a foreign port holder; keep the current generation in previous/;
              stop the running server (SIGTERM, drain, SIGKILL after the grace); write the env
              file, launch script and unit; start it (systemd, or the detached supervisor).
@@ -334,29 +335,16 @@ class LeasedLock:
         self.lock.__exit__(*exc)
 
 
-# ---------------------------------------------------------------- companions
-
-
-def load_companions(stream, sizes):
-    """The payload's companion scripts (e.g. server_facts.py, release.py) as modules of this
-    process: one round trip runs them all."""
-    modules = {}
-    for name, size in sizes:
-        module = type(sys)("sglfleet_companion_" + name.replace(".", "_"))
-        module.__file__ = name
-        exec(compile(stream.read(size), name, "exec"), module.__dict__)
-        modules[name] = module
-    return modules
+# ---------------------------------------------------------------- plan
 
 
 def cmd_plan(args, stream):
     """Facts, release inspection and what runs, in one round trip (see the module docstring)."""
-    companions = load_companions(stream, args.get("companions") or [])
     out = {"systemd": systemd_is_pid1() and bool(shutil.which("systemctl")), "time": time.time()}
-    if "server_facts.py" in companions:
-        out["facts"] = companions["server_facts.py"].facts(args.get("facts") or {})
-    if "release.py" in companions and args.get("inspect"):
-        release = companions["release.py"]
+    if args.get("facts") is not None:
+        out["facts"] = hostlib.companion("server_facts.py").facts(args["facts"])
+    if args.get("inspect"):
+        release = hostlib.companion("release.py")
         try:
             out["inspect"] = release.cmd_inspect(release.Host(args["inspect"]), args["inspect"])
         except Failure as exc:

@@ -3,7 +3,7 @@ and a failed deploy leaves the host serving what it served before.
 
 Per host, on its one SSH connection (exec round trips numbered; health polls not counted):
   1 plan      remote/server.py plan: server facts + release inspection (server_facts.py and
-              release.py ride along in the payload, same process) + what runs + who holds the
+              release.py sent along as companions, same process) + what runs + who holds the
               port; takes the deploy lease (a second deploy is refused naming the holder)
     decide    render (stages.render), the release plan (stages.release.make_plan), restart or
               not and why. Nothing to do: 2 finish (drops the lease) -> "unchanged: running
@@ -141,7 +141,7 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
                             "facts": {"model": model.path if model else None,
                                       "draft": spec.draft_model if spec else None},
                             "port": profile.model.server.port, **extra}
-    companions = [name for name in COMPANIONS if name != "release.py" or artifacts is not None]
+    companions = tuple(name for name in COMPANIONS if name != "release.py" or artifacts is not None)
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
         targets = [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]
@@ -150,9 +150,7 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
                         if e.key not in {t[0] for t in targets}]
         args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
                            "targets": targets}
-    payload = b"".join(remote_call.script_bytes(name) for name in companions)
-    args["companions"] = [[name, len(remote_call.script_bytes(name))] for name in companions]
-    return remote_call.call(conn, SERVER, "plan", args, payload=payload, timeout=600)
+    return remote_call.call(conn, SERVER, "plan", args, timeout=600, companions=companions)
 
 
 def restart_reasons(running: dict[str, Any], desired: dict[str, Any], changes: int, mode: str) -> list[str]:
