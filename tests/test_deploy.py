@@ -6,6 +6,7 @@ Each test owns one lab host, so they do not depend on each other's order.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ def artifacts_snapshot() -> Path:
     would rightly restart)."""
     if not _SNAPSHOT:
         snap = Path(tempfile.mkdtemp(prefix="sglfleet-deploy-artifacts-"))
+        atexit.register(shutil.rmtree, snap, True)
         shutil.copytree(ROOT / "patches", snap / "patches")
         shutil.copytree(ROOT / "kernels" / "ddtree", snap / "kernels" / "ddtree",
                         ignore=shutil.ignore_patterns("results", "__pycache__", "*.cu"))
