@@ -51,6 +51,12 @@ def check_cuda_syntax(arch: str = "9.0", nvcc: str | None = None) -> None:
     print(f"nvcc compiled ddtree_cuda.cu for sm_{code}")
 
 
+def cxx_standard(torch_version: str) -> str:
+    """The C++ standard torch's headers need: torch 2.14 and later refuse anything before C++20."""
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 14) else "c++17"
+
+
 def build(out: Path, cpu_only: bool = False, arch: str = "9.0", verbose: bool = False) -> Path:
     import torch
     from setuptools import setup
@@ -58,14 +64,15 @@ def build(out: Path, cpu_only: bool = False, arch: str = "9.0", verbose: bool = 
 
     use_cuda = not cpu_only and torch.version.cuda is not None and CUDA_HOME is not None
     sources = [str(CSRC / "bindings.cpp"), str(CSRC / "ddtree_cpu.cpp")]
-    cxx = ["-O3", "-std=c++17"]
+    std = cxx_standard(torch.__version__)
+    cxx = ["-O3", f"-std={std}"]
     if use_cuda:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch
         ext = CUDAExtension(EXT_NAME, sources + [str(CSRC / "ddtree_cuda.cu")],
                             define_macros=[("WITH_CUDA", None)],
                             # No --use_fast_math: it flushes denormals, and the tree build
                             # must match the CPU reference bit for bit (__expf is explicit).
-                            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17", "-lineinfo"]})
+                            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", f"-std={std}", "-lineinfo"]})
     else:
         ext = CppExtension(EXT_NAME, sources + [str(CSRC / "ddtree_nocuda.cpp")], extra_compile_args={"cxx": cxx})
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ import typer
 
 from ..errors import ConfigError
 from ..fleet.group import DEFAULT_FORKS, Group, GroupResult
+from ..stages.health import DEFAULT_TIMEOUTS
 from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
 from . import output
 
@@ -57,19 +58,35 @@ def host_key_policy(value: Optional[str]) -> Optional[str]:
     return value
 
 
+def health_timeouts(load_timeout: Optional[float], health_timeout: Optional[float]) -> dict[str, float]:
+    """The staged health's timeouts from --load-timeout / --health-timeout (checked positive)."""
+    out: dict[str, float] = {}
+    if load_timeout is not None:
+        if load_timeout <= 0:
+            raise ConfigError(f"--load-timeout must be positive seconds, got {load_timeout}")
+        out["port"] = load_timeout
+    if health_timeout is not None:
+        if health_timeout <= 0:
+            raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
+        out.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
+    return out
+
+
 def command_line() -> str:
     return "sglfleet " + " ".join(sys.argv[1:])
 
 
-def run_group(inv: Inventory, pattern: str, task: Callable[[Any], Any], label: str, forks: int,
-              policy: Optional[str], quiet: bool) -> GroupResult:
-    """`task(conn)` on every host `pattern` selects, with live per-host progress on stderr.
+def run_group(inv: Inventory, pattern: str, task: Callable[..., Any], label: str, forks: int,
+              policy: Optional[str], quiet: bool, notes: bool = False) -> GroupResult:
+    """`task(conn)` on every host `pattern` selects, with live per-host progress on stderr; with
+    `notes`, `task(conn, note)` where `note(text)` shows the host's current step live.
     Ctrl-C or SIGTERM stops it as `stop_on_signals` says."""
     group = Group.from_inventory(inv, pattern, forks=forks, host_key_policy=host_key_policy(policy))
     progress = output.Progress([h.name for h in group.hosts], label, enabled=not quiet)
     group.progress = progress
+    run = task if not notes else (lambda conn: task(conn, lambda text: progress(conn.host.name, "running", text)))
     with group, progress, stop_on_signals(group):
-        return group.run(task, label)
+        return group.run(run, label)
 
 
 @contextmanager

@@ -10,15 +10,16 @@ from typing import Any, Callable, Optional
 import typer
 
 from ..errors import ConfigError, RemoteError, SglfleetError
-from ..fleet.group import Group, GroupResult, TaskOutcome
+from ..fleet.group import GroupResult, TaskOutcome
 from ..spec.profile import load_profile
 from ..stages import deploy as stage
 from ..stages import kernels
 from ..stages.runs import run_dir
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
+from . import rollout as rolling
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
-                     host_key_policy, inventory)
+                     health_timeouts, inventory, run_group)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,25 +31,8 @@ def register(app: typer.Typer) -> None:
 
 def _run(inv: Any, pattern: str, task: Callable[[Any, Callable[[str], None]], Any], label: str, forks: int,
          policy: Optional[str], quiet: bool) -> GroupResult:
-    """common.run_group, with a per-host `note(text)` for live step progress."""
-    group = Group.from_inventory(inv, pattern, forks=forks, host_key_policy=host_key_policy(policy))
-    progress = output.Progress([h.name for h in group.hosts], label, enabled=not quiet)
-    group.progress = progress
-    with group, progress:
-        return group.run(lambda conn: task(conn, lambda text: progress(conn.host.name, "running", text)), label)
-
-
-def _timeouts(load_timeout: Optional[float], health_timeout: Optional[float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    if load_timeout is not None:
-        if load_timeout <= 0:
-            raise ConfigError(f"--load-timeout must be positive seconds, got {load_timeout}")
-        out["port"] = load_timeout
-    if health_timeout is not None:
-        if health_timeout <= 0:
-            raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
-        out.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
-    return out
+    """common.run_group with a per-host `note(text)` for live step progress."""
+    return run_group(inv, pattern, task, label, forks, policy, quiet, notes=True)
 
 
 def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: Optional[str] = InventoryOpt,
@@ -67,6 +51,12 @@ def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path:
            manager: Optional[str] = typer.Option(None, "--manager", help="systemd | supervisor (default: systemd "
                                                  "where it is PID 1; inventory var server_manager)."),
            runs: str = typer.Option("runs", "--runs-dir", help="Where results and failure logs are stored."),
+           rolling_opt: bool = typer.Option(False, "--rolling", help="One batch at a time behind the routers "
+                                            "(router_url): out, drained, deployed, healthy, back in."),
+           batch: str = rolling.BatchOpt, max_unavailable: Optional[str] = rolling.MaxUnavailableOpt,
+           max_fail_percentage: float = rolling.MaxFailOpt, drain_timeout: float = rolling.DrainOpt,
+           min_ready: float = rolling.MinReadyOpt, router_timeout: float = rolling.RouterTimeoutOpt,
+           resume: bool = rolling.ContinueOpt,
            host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
     """Push, smoke-test, launch and health-check PROFILE's server on each host; safe to rerun."""
     if manager not in (None, "systemd", "supervisor"):
@@ -76,8 +66,15 @@ def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path:
     inv, prof = inventory(inventory_path), load_profile(profile)
     artifacts = prof.artifacts()
     options = stage.DeployOptions(command=command_line(), dry_run=dry_run, revert=not no_revert, force=force,
-                                  stop_grace=stop_grace, timeouts=_timeouts(load_timeout, health_timeout),
+                                  stop_grace=stop_grace, timeouts=health_timeouts(load_timeout, health_timeout),
                                   manager=manager)
+    if rolling_opt:
+        if dry_run:
+            raise ConfigError("--dry-run shows the plan without --rolling; drop --rolling to see it")
+        rolling.run_rollout("deploy", inv, pattern, profile, rolling.rollout_options(
+            "deploy", batch, max_unavailable, max_fail_percentage, drain_timeout, min_ready, stop_grace,
+            router_timeout, resume, load_timeout, health_timeout, runs, deploy_options=options), as_json,
+            host_key_policy_opt)
     directory = None if dry_run else run_dir(runs, "deploy")
 
     def task(conn, note):

@@ -18,10 +18,9 @@ from ..fleet.group import Group
 from ..spec.profile import load_profile
 from ..stages import deploy as deploy_stage
 from ..stages import rollout as stage
-from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
-from .common import InventoryOpt, JsonOpt, PatternArg, PolicyOpt, command_line, host_key_policy, inventory, \
-    stop_on_signals
+from .common import (InventoryOpt, JsonOpt, PatternArg, PolicyOpt, command_line, health_timeouts, host_key_policy,
+                     inventory, stop_on_signals)
 
 
 def register(app: typer.Typer) -> None:
@@ -56,15 +55,7 @@ def rollout_options(mode: str, batch: str, max_unavailable: Optional[str], max_f
     (--force, --no-revert, --manager) as `deploy_options`."""
     if stop_grace < 0:
         raise ConfigError(f"--stop-grace must be >= 0 seconds, got {stop_grace}")
-    timeouts: dict[str, float] = {}
-    if load_timeout is not None:
-        if load_timeout <= 0:
-            raise ConfigError(f"--load-timeout must be positive seconds, got {load_timeout}")
-        timeouts["port"] = load_timeout
-    if health_timeout is not None:
-        if health_timeout <= 0:
-            raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
-        timeouts.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
+    timeouts = health_timeouts(load_timeout, health_timeout)
     if deploy_options is None:
         deploy_options = deploy_stage.DeployOptions(command=command_line(), stop_grace=stop_grace, timeouts=timeouts)
     return stage.RolloutOptions(mode=mode, serial=stage.parse_serial(batch), max_unavailable=max_unavailable,
