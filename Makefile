@@ -52,8 +52,10 @@ setup: sshd $(VENV)/.installed
 	# so before any jail). Idempotent.
 	$(PY) -m orchestrator.lab.router install
 
-# The main job on the lab: facts, then the DDTree patchset planned and pushed, the launch flags
-# rendered (with their sources), and SGLang's own validation run on every host.
+# The main job on the lab: facts; the DDTree extension built for the hosts' ABI (on a host, with its
+# own torch); the patchset planned and pushed; the launch flags rendered with their sources; SGLang's
+# own validation on every host; then the server deployed (smoke gate, launch, staged health) and its
+# status shown.
 # Not in the network jail, on purpose: the demo leaves its lab running for the `sglfleet`
 # commands you type next, and a lab inside a namespace is unreachable from your shell (a lab
 # started there would also be found "running" by a later `sglfleet lab up` out here, and fail).
@@ -66,6 +68,10 @@ demo: setup
 	$(SGLFLEET) push all qwen36-ddtree
 	$(SGLFLEET) render ct129 qwen36-ddtree
 	$(SGLFLEET) smoke all qwen36-ddtree
+	$(SGLFLEET) build-kernels all
+	$(SGLFLEET) deploy all qwen36-ddtree
+	$(SGLFLEET) status all qwen36-ddtree
+	$(SGLFLEET) run all "cd / && /root/ml-env/bin/python3 -c 'import ddtree_ext; print(ddtree_ext.__file__)'"
 
 # The suite runs in the network jail: it feeds production addresses to the guard on purpose.
 # The lab's base image is built first, outside it (its pip installs need the package index);
@@ -80,6 +86,7 @@ test-fast: test
 
 bench: setup
 	$(PY) bench/fanout.py
+	$(PY) bench/deploy.py
 
 # The DDTree extension: CPU-only here; with a CUDA torch and nvcc, CUDA for sm_90 (see kernels/ddtree/README.md).
 kernels: setup

@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from .conftest import TEST_LAB_DIR, TEST_SUBNET, lab_prerequisites_missing
+from .conftest import TEST_HOSTS, TEST_LAB_DIR, TEST_SUBNET, lab_prerequisites_missing
 
 
 @contextmanager
@@ -33,3 +33,16 @@ def private_lab(name: str, index: int, hosts: int) -> Iterator:
         yield lab
     finally:
         lab.down()
+
+
+def lab_fixture(name: str, index: int, hosts: int = TEST_HOSTS):
+    """A module-scoped `lab` fixture on a private lab: a test module that assigns it to `lab`
+    runs on hosts of its own (its deployed servers and releases never meet the shared lab's tests)."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def lab():
+        with private_lab(name, index, hosts) as the_lab:
+            yield the_lab
+
+    return lab

@@ -23,8 +23,13 @@ from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
 from .conftest import ROOT, fenced_env, sglfleet
+from .private_lab import lab_fixture
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+# Servers and releases of these tests stay on a lab of their own (the shared lab's tests expect
+# pristine hosts).
+lab = lab_fixture("deploy", 5)
 STATE = "/var/lib/sglfleet"
 FAST = {"SGLANG_HEALTH_CHECK_TIMEOUT: \"20\"": "SGLANG_HEALTH_CHECK_TIMEOUT: \"20\"\n  SGLFLEET_SIM_LOAD_DELAY: \"0.5\""}
 

@@ -9,9 +9,14 @@ import pytest
 import yaml
 
 from .conftest import TEST_HOSTS, sglfleet
+from .private_lab import lab_fixture
 from .test_deploy import profile_variant
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+# Servers and releases of these tests stay on a lab of their own (the shared lab's tests expect
+# pristine hosts).
+lab = lab_fixture("deploy-fanout", 6)
 
 
 def test_eight_hosts_in_parallel_one_failing_alone(lab, inventory, tmp_path):

@@ -9,9 +9,14 @@ import json
 import pytest
 
 from .conftest import sglfleet
+from .private_lab import lab_fixture
 from .test_deploy import connect, profile_variant
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+# Servers and releases of these tests stay on a lab of their own (the shared lab's tests expect
+# pristine hosts).
+lab = lab_fixture("deploy-kernels", 7)
 HOST_FP = "cp311-torch2.14.1-cuda13.0-sm_90"  # the lab's torch is a CUDA build; the hosts have no toolkit
 CPU_BUILD = "cp311-torch2.14.1-cpu"
 

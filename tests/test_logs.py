@@ -20,6 +20,12 @@ from orchestrator.fleet.local import LocalConnection
 from orchestrator.remote import logs as remote_logs
 from orchestrator.stages import logs as stage
 
+from .private_lab import lab_fixture
+
+# The deployed servers of these tests stay on a lab of their own (the shared lab's tests expect
+# pristine hosts).
+lab = lab_fixture("logs", 8)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "logs"
 BASE = 1796290200  # 2026-12-03 09:30:00 UTC
 
