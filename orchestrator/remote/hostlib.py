@@ -276,6 +276,15 @@ def gpus():
     return parse_gpus(result["stdout"])
 
 
+def systemd_is_pid1():
+    """Whether this host's init is systemd (its units, not a detached supervisor, run servers)."""
+    try:
+        with open("/proc/1/comm") as fh:
+            return fh.read().strip() == "systemd"
+    except OSError:
+        return False
+
+
 # ---------------------------------------------------------------- the host lock
 
 

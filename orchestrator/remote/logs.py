@@ -103,14 +103,6 @@ def resolve_profile(args):
     raise Failure("several servers on this host (%s): name the profile" % ", ".join(found), profiles=found)
 
 
-def systemd_is_pid1():
-    try:
-        with open("/proc/1/comm") as fh:
-            return fh.read().strip() == "systemd"
-    except OSError:
-        return False
-
-
 def source_of(args, paths):
     """"journald" when the profile runs as a systemd unit, else "file" (the supervisor's log)."""
     if args.get("source") in ("journald", "file"):
@@ -118,7 +110,7 @@ def source_of(args, paths):
     record = hostlib.read_json(paths["record"]) or {}
     if record.get("mode") == "systemd":
         return "journald"
-    if record.get("mode") is None and systemd_is_pid1() and os.path.exists(paths["unit_file"]):
+    if record.get("mode") is None and hostlib.systemd_is_pid1() and os.path.exists(paths["unit_file"]):
         return "journald"
     return "file"
 

@@ -123,14 +123,6 @@ def session_of(pid):
         return None
 
 
-def systemd_is_pid1():
-    try:
-        with open("/proc/1/comm") as fh:
-            return fh.read().strip() == "systemd"
-    except OSError:
-        return False
-
-
 def systemctl(*argv, timeout=120):
     return hostlib.run_command(["systemctl"] + list(argv), timeout=timeout)
 
@@ -254,7 +246,7 @@ def running_state(paths, unit_mode=None):
     record = read_json(paths["record"])
     status = read_json(paths["status"])
     mode = (record or {}).get("mode") or unit_mode
-    if mode == "systemd" and shutil.which("systemctl") and systemd_is_pid1():
+    if mode == "systemd" and shutil.which("systemctl") and hostlib.systemd_is_pid1():
         unit = unit_state(paths["unit"])
         pid = unit["pid"]
         return {"mode": "systemd", "unit": paths["unit"], "pid": pid, "alive": unit["active"] == "active" and
@@ -340,7 +332,7 @@ class LeasedLock:
 
 def cmd_plan(args, stream):
     """Facts, release inspection and what runs, in one round trip (see the module docstring)."""
-    out = {"systemd": systemd_is_pid1() and bool(shutil.which("systemctl")), "time": time.time()}
+    out = {"systemd": hostlib.systemd_is_pid1() and bool(shutil.which("systemctl")), "time": time.time()}
     if args.get("facts") is not None:
         out["facts"] = hostlib.companion("server_facts.py").facts(args["facts"])
     if args.get("inspect"):
