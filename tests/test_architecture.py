@@ -104,7 +104,9 @@ def test_the_state_path_is_spelled_in_one_module():
 def test_remote_scripts_are_importable_and_declare_their_commands():
     import importlib
 
-    for name in ("gather_facts", "server_facts", "smoke_probe", "release"):
+    scripts = sorted(p.stem for p in (PACKAGE / "remote").glob("*.py") if p.stem not in ("__init__", "hostlib"))
+    assert {"gather_facts", "server_facts", "smoke_probe", "release", "server", "logs"} <= set(scripts)
+    for name in scripts:
         module = importlib.import_module(f"orchestrator.remote.{name}")  # no side effect at import
         assert module.COMMANDS and all(callable(c) for c in module.COMMANDS.values()), name
 

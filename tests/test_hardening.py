@@ -243,3 +243,38 @@ def test_a_missing_identity_file_is_named(tmp_path):
     assert proc.returncode == 1
     error = json.loads(proc.stdout)["hosts"]["h1"]["error"]
     assert error.startswith("h1: identity_file /nonexistent/id_ed25519 does not exist on this machine")
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_an_interrupted_deploy_finishes_its_host_and_starts_no_other(tmp_path):
+    """Ctrl-C during a deploy: the host it is on ends its current step (and either serves the new
+    deployment or is left as it was), no other host starts, every host is reported, exit 130."""
+    from .test_deploy import profile_variant
+
+    profile = profile_variant(tmp_path, "slow", replace={'SGLFLEET_SIM_LOAD_DELAY: "0.5"': 'SGLFLEET_SIM_LOAD_DELAY: "3"'})
+    with private_lab("stop-deploy", 9, 2) as lab:
+        inv = load_inventory(lab.inventory_path)
+        env = fenced_env({"SGLFLEET_LOOPBACK_ONLY": "1"})
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "deploy", "all", profile, "--json",
+                                 "--forks", "1", "--runs-dir", str(tmp_path / "runs"), "-i", str(lab.inventory_path)],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with Connection(inv.hosts["ct129"], KnownHosts(inv.known_hosts_path)) as conn:
+            deadline = time.monotonic() + 300
+            while conn.run(f"test -e /var/lib/sglfleet/{hostlib.DEPLOY_LEASE_FILE}").exit_code != 0:
+                if proc.poll() is not None:
+                    raise AssertionError(f"the deploy ended before it reached ct129: {proc.communicate()}")
+                assert time.monotonic() < deadline, "the deploy never reached ct129"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=600)
+            assert proc.returncode == 130, err[-3000:]
+            doc = json.loads(out)
+            first, second = doc["hosts"]["ct129"], doc["hosts"]["ct130"]
+            assert first["ok"] or first.get("stopped"), first.get("summary")
+            assert conn.run(f"test -e /var/lib/sglfleet/{hostlib.DEPLOY_LEASE_FILE}").exit_code == 1  # given back
+            assert conn.run("test -e /var/lib/sglfleet/journal.json").exit_code == 1  # nothing half-swapped
+        assert not second["ok"] and "not started" in second["summary"]
+        with Connection(inv.hosts["ct130"], KnownHosts(inv.known_hosts_path)) as conn:
+            assert conn.run("test -e /var/lib/sglfleet/servers || test -e /var/lib/sglfleet/releases").exit_code == 1
+        assert "no new host or step will start" in " ".join(err.split())

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from ..errors import RemoteError, SglfleetError
 from ..fleet import remote_call
+from ..fleet.group import stopping
 from ..remote.hostlib import server_paths
 from ..spec.profile import Artifacts, Profile
 from . import health as health_stage
@@ -359,6 +360,10 @@ class HostDeploy:
         assert rendered is not None
         previous_release = planned["inspect"].get("current")
         applied = None
+        if stopping():  # Ctrl-C: no new step starts on this host; nothing was changed yet
+            self.finish(None)
+            return self.fail("push", f"{self.host.name}: stopped before changing anything: the run was interrupted",
+                             stopped=True)
         if host_plan.changes:
             self.note(f"push {len(host_plan.changes)} file(s)")
             try:
@@ -381,6 +386,11 @@ class HostDeploy:
                              f"{(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}; "
                              f"the running server was not touched{undo}")
         expected = probe.get("fields") or {}
+        if stopping():  # Ctrl-C before the running server is touched: leave it serving what it served
+            undo = self._undo_release(applied, previous_release)
+            self.finish(None)
+            return self.fail("launch", f"{self.host.name}: stopped before touching the running server: the run was "
+                             f"interrupted{undo}", stopped=True)
         self.note("launch")
         try:
             launched = self.server("launch", timeout=self.options.stop_grace + 300, files=files, mode=mode,
