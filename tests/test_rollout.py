@@ -422,3 +422,43 @@ def test_a_host_down_before_the_rollout_is_refused_with_the_table(roll_lab):
         result = sglfleet("deploy", "ct132", str(rl.tmp / "roll-a.yaml"), "-i", str(rl.inventory), "--json",
                           "--runs-dir", str(rl.tmp / "runs"))
         assert result.returncode == 0, result.stdout[-2000:]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_an_interrupted_rolling_restart_touches_no_further_host_and_leaves_all_serving(roll_lab):
+    """Ctrl-C once the first host has restarted: no further host is taken out, the one in progress
+    finishes and goes back into the router, every server still serves, exit 130."""
+    import signal
+    import subprocess
+    import sys
+
+    from orchestrator.fleet.router import RouterClient
+
+    from .conftest import ROOT, fenced_env
+
+    rl = roll_lab
+    profile = str(rl.tmp / "roll-a.yaml")
+    hosts = ["ct129", "ct130", "ct131", "ct132"]
+    before = {h: _server_pid(rl, h, profile)[0] for h in hosts}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "restart", "--rolling", "all", profile,
+                             "--batch", "1", "--min-ready", "1", "--json", "-i", str(rl.inventory),
+                             "--runs-dir", str(rl.tmp / "runs-interrupt")], cwd=ROOT,
+                            env=fenced_env({"SGLFLEET_LOOPBACK_ONLY": "1"}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while _server_pid(rl, "ct129", profile)[0] == before["ct129"]:  # the first host restarted
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the rollout never restarted ct129"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, err[-3000:]
+    assert json.loads(out)["exit_code"] == 130
+    after = {h: _server_pid(rl, h, profile)[0] for h in hosts}
+    untouched = [h for h in hosts if after[h] == before[h]]
+    assert after["ct129"] != before["ct129"] and {"ct131", "ct132"} <= set(untouched), (before, after)
+    assert all(after.values())  # every host serves
+    client = RouterClient(rl.url)
+    for h in rl.lab.hosts():
+        client.wait_healthy(f"http://{h.address}:{rl.port}", 60)  # and is back in routing
