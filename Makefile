@@ -71,7 +71,7 @@ demo: setup
 	$(SGLFLEET) build-kernels all
 	$(SGLFLEET) deploy all qwen36-ddtree
 	$(SGLFLEET) status all qwen36-ddtree
-	$(SGLFLEET) run all "cd / && /root/ml-env/bin/python3 -c 'import ddtree_ext; print(ddtree_ext.__file__)'"
+	$(SGLFLEET) run all "cd / && /root/ml-env/bin/python3 -c 'import torch, ddtree_ext; print(ddtree_ext.__file__)'"
 
 # The suite runs in the network jail: it feeds production addresses to the guard on purpose.
 # The lab's base image is built first, outside it (its pip installs need the package index);
