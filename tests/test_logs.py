@@ -331,28 +331,32 @@ def cli(lab, *args, runs=None):
     return sglfleet(*args, "-i", str(lab.inventory_path), *extra)
 
 
+# Linux carries a process's peak RSS across fork and exec (ru_maxrss), so a CLI forked straight
+# from this test process would report at least the test process's own size (the whole suite's:
+# torch and transformers are imported by then). A small wrapper forks the CLI instead and reports
+# the CLI's figure from wait4.
+MEASURE = ("import os, subprocess, sys, types\n"
+           "proc = subprocess.Popen(sys.argv[2:])\n"
+           "_, status, usage = os.wait4(proc.pid, 0)\n"
+           "open(sys.argv[1], 'w').write('%d %d' % (os.waitstatus_to_exitcode(status), usage.ru_maxrss))\n")
+
+
 def cli_measured(lab, *args):
-    """The CLI in a subprocess; (exit code, stdout, stderr, wall s, its rusage: ru_maxrss is its
-    peak RSS), reaped with wait4 so the figures are that process's own."""
+    """The CLI in a subprocess; (exit code, stdout, stderr, wall s, its rusage-like figures:
+    ru_maxrss is the CLI's own peak RSS in KiB, see MEASURE)."""
     import subprocess
-    import threading
+    import tempfile
+    import types
 
     from .conftest import ROOT, fenced_env
 
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args, "-i", str(lab.inventory_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fenced_env(), cwd=ROOT)
-    chunks = {"out": b"", "err": b""}
-    readers = [threading.Thread(target=lambda k=k, f=f: chunks.__setitem__(k, f.read()), daemon=True)
-               for k, f in (("out", proc.stdout), ("err", proc.stderr))]
-    for reader in readers:
-        reader.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - started
-    for reader in readers:
-        reader.join(30)
-    return proc.returncode, chunks["out"].decode(), chunks["err"].decode(), wall, usage
+    with tempfile.NamedTemporaryFile("r", suffix=".rusage") as figures:
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-c", MEASURE, figures.name, sys.executable, "-m", "orchestrator.cli",
+                               *args, "-i", str(lab.inventory_path)], capture_output=True, env=fenced_env(), cwd=ROOT)
+        wall = time.monotonic() - started
+        code, maxrss = (int(x) for x in open(figures.name).read().split())
+    return code, proc.stdout.decode(), proc.stderr.decode(), wall, types.SimpleNamespace(ru_maxrss=maxrss)
 
 
 def deploy_profile(tmp_path, name, env=None, replace=None):
