@@ -244,7 +244,7 @@ def test_concurrent_deploys_one_refused_with_the_holder_named(lab, inventory, tm
         out, err = proc.communicate(timeout=300)
         docs.append((proc.returncode, json.loads(out)["hosts"][host]))
     codes = sorted(code for code, _ in docs)
-    assert codes == [0, 1], docs
+    assert codes == [0, 1], [(code, doc.get("phase"), doc.get("summary")) for code, doc in docs]
     refused = next(doc for code, doc in docs if code == 1)
     winner = next(doc for code, doc in docs if code == 0)
     # Refused by the deploy lease (the winner's deploy named) or, if it came while the winner held

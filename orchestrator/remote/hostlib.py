@@ -289,18 +289,34 @@ def systemd_is_pid1():
 
 
 class Lock:
-    """flock on <state>/lock; the file holds the holder's description for whoever is refused."""
+    """flock on <state>/lock; the file holds the holder's description for whoever is refused.
 
-    def __init__(self, state, holder):
+    A holder that lets go within `wait_s` is waited for: another run's short step under the lock
+    (a deploy's plan checking its lease) must not fail a run that is already under way; a run
+    that holds the host longer (a push, a swap) is refused, naming it."""
+
+    def __init__(self, state, holder, wait_s=5.0):
         os.makedirs(state, exist_ok=True)
         self.path = os.path.join(state, LOCK_FILE)
         self.holder = holder
+        self.wait_s = wait_s
         self.fd = None
+
+    def _acquire(self, fd):
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     def __enter__(self):
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._acquire(fd)
         except OSError:
             with os.fdopen(os.dup(fd)) as fh:
                 holder = read_holder(fh.read())
