@@ -297,3 +297,15 @@ def test_companion_scripts_run_in_the_same_process(tmp_path):
     value = call(local(), str(main), "both", {"x": 21}, payload=b"after the companions",
                  companions=(str(helper),))
     assert value == {"helper": 42, "pid_same": True, "payload": "after the companions"}
+
+
+def test_run_dirs_made_at_once_by_several_processes_are_distinct(tmp_path):
+    """Two commands started in the same second each get their own runs/ directory (two concurrent
+    deploys once failed here: both made runs/<time>-deploy, one got FileExistsError)."""
+    import multiprocessing
+
+    from orchestrator.stages.runs import run_dir
+
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        made = pool.starmap(run_dir, [(tmp_path / "runs", "deploy")] * 24)
+    assert len(set(made)) == 24 and all(Path(d).is_dir() for d in made)

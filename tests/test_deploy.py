@@ -242,6 +242,7 @@ def test_concurrent_deploys_one_refused_with_the_holder_named(lab, inventory, tm
     docs = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
+        assert out, f"exit {proc.returncode}, no JSON: {err[-3000:]}"
         docs.append((proc.returncode, json.loads(out)["hosts"][host]))
     codes = sorted(code for code, _ in docs)
     assert codes == [0, 1], [(code, doc.get("phase"), doc.get("summary")) for code, doc in docs]
