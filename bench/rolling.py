@@ -29,32 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ["SGLFLEET_LOOPBACK_ONLY"] = "1"
 
-import yaml  # noqa: E402
-
 from orchestrator.fleet.inventory import load_inventory  # noqa: E402
 from orchestrator.fleet.router import RouterClient  # noqa: E402
 from orchestrator.lab.loadgen import LoadGenerator, LoadReport  # noqa: E402
 from orchestrator.lab.manager import Lab  # noqa: E402
-from orchestrator.lab.router import LabRouter, missing_reason  # noqa: E402
+from orchestrator.lab.router import LabRouter, missing_reason, stand_in_profile  # noqa: E402
 from orchestrator.spec.profile import load_profile  # noqa: E402
 from orchestrator.stages import rollout  # noqa: E402
 from orchestrator.stages.deploy import DeployOptions  # noqa: E402
 
-PROFILE = """name: bench-rolling
-description: rolling-restart benchmark (lab stand-in servers)
-model:
-  path: /root/models/Qwen3-8B
-hybrid: auto
-server:
-  host: 0.0.0.0
-  port: {port}
-  tp: 1
-  extra_args: [--enable-metrics]
-env:
-  SGLFLEET_SIM_LOAD_DELAY: "{load_delay}"
-  SGLFLEET_SIM_SLOW_MS: "{slow_ms}"
-  SGLFLEET_SIM_DRAIN_LOG_S: "1"
-"""
 
 
 def main() -> int:
@@ -85,7 +68,8 @@ def main() -> int:
     url = router.start()
     lab.up(args.hosts, extra_vars={"router_url": url})
     profile_path = work / "bench-rolling.yaml"
-    profile_path.write_text(PROFILE.format(port=args.port, load_delay=args.load_delay, slow_ms=args.slow_ms))
+    profile_path.write_text(stand_in_profile("bench-rolling", "rolling-restart benchmark (lab stand-in servers)",
+                                             args.port, args.load_delay, args.slow_ms))
     t = time.monotonic()
     deployed = subprocess.run([sys.executable, "-m", "orchestrator.cli", "deploy", "all", str(profile_path), "-i",
                                str(lab.inventory_path), "--json", "--runs-dir", str(work / "runs")],

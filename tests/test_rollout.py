@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.errors import ConfigError, LoopbackOnlyError
 from orchestrator.fleet.inventory import Host
+from orchestrator.lab.router import stand_in_profile
 from orchestrator.stages import rollout
 
 from .conftest import sglfleet
@@ -178,22 +179,6 @@ def router_or_skip():
         pytest.skip(reason)
 
 
-PROFILE = """name: {name}
-description: rolling test ({name})
-model:
-  path: /root/models/Qwen3-8B
-hybrid: auto
-server:
-  host: 0.0.0.0
-  port: {port}
-  tp: 1
-  extra_args: [--enable-metrics]
-env:
-  SGLFLEET_SIM_LOAD_DELAY: "{load_delay}"
-  SGLFLEET_SIM_SLOW_MS: "{slow_ms}"
-  SGLFLEET_SIM_DRAIN_LOG_S: "1"
-  ROLL_RELEASE: "{release}"
-"""
 
 
 class RollLab:
@@ -219,8 +204,8 @@ class RollLab:
         """The profile `name` (a server of its own on the host); `release` makes a new deployment
         of the same server (another env), written to NAME-RELEASE.yaml."""
         path = self.tmp / (f"{name}-{release}.yaml" if release else f"{name}.yaml")
-        path.write_text(PROFILE.format(name=name, port=self.port, load_delay=load_delay, slow_ms=slow_ms,
-                                       release=release or "1"))
+        path.write_text(stand_in_profile(name, f"rolling test ({name})", self.port, load_delay, slow_ms,
+                                         env={"ROLL_RELEASE": release or "1"}))
         return path
 
     def cli(self, *args: str) -> tuple[int, dict]:

@@ -244,3 +244,29 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+STAND_IN_PROFILE = """name: {name}
+description: {description}
+model:
+  path: /root/models/Qwen3-8B
+hybrid: auto
+server:
+  host: 0.0.0.0
+  port: {port}
+  tp: 1
+  extra_args: [--enable-metrics]
+env:
+  SGLFLEET_SIM_LOAD_DELAY: "{load_delay}"
+  SGLFLEET_SIM_SLOW_MS: "{slow_ms}"
+  SGLFLEET_SIM_DRAIN_LOG_S: "1"
+"""
+
+
+def stand_in_profile(name: str, description: str, port: int, load_delay: float, slow_ms: int,
+                     env: dict[str, str] | None = None) -> str:
+    """A profile for the lab's stand-in servers behind the router (rolling tests and benchmark):
+    a dense model, metrics on, the stand-in's load delay and per-request latency; `env` adds vars."""
+    text = STAND_IN_PROFILE.format(name=name, description=description, port=port, load_delay=load_delay,
+                                   slow_ms=slow_ms)
+    return text + "".join(f'  {key}: "{value}"\n' for key, value in (env or {}).items())
