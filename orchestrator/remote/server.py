@@ -118,7 +118,8 @@ def cmdline(pid):
 def session_of(pid):
     try:
         with open("/proc/%d/stat" % pid) as fh:
-            return int(fh.read().rsplit(")", 1)[1].split()[4])
+            # after the ")" closing comm: state ppid pgrp session ...
+            return int(fh.read().rsplit(")", 1)[1].split()[3])
     except (OSError, IndexError, ValueError):
         return None
 
