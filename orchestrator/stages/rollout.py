@@ -524,6 +524,14 @@ class Rollout:
                     except RouterError as exc:
                         row.update(up=False, why=f"healthy but could not be added to {router}: {exc}")
                         break
+                if worker is not None and serving:
+                    # Serving again (just restarted by hand or by a deploy): the router marks it
+                    # healthy at its next health checks; give it the router timeout to catch up.
+                    try:
+                        RouterClient(router).wait_healthy(url, self.options.router_timeout)
+                        continue
+                    except RouterError:
+                        pass
                 row.update(up=False, why=(f"unhealthy in {router}" if worker is not None else
                                           f"not in {router}, and its server does not answer /health"))
                 break
