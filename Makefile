@@ -35,6 +35,8 @@ sshd:
 	@test -x /usr/sbin/sshd || { echo "installing openssh-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
 	@command -v unshare >/dev/null || { echo "unshare (util-linux) is required"; exit 1; }
+	@test -x /lib/systemd/systemd || { echo "installing systemd (the systemd lab host boots it in a root of its own)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; }
 	@command -v ip >/dev/null || { echo "installing iproute2 (the network jail brings lo up with ip)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 

@@ -20,7 +20,7 @@ from orchestrator.fleet.local import LocalConnection
 from orchestrator.remote import logs as remote_logs
 from orchestrator.stages import logs as stage
 
-from .private_lab import lab_fixture
+from .private_lab import deploy_profile, lab_fixture
 
 # The deployed servers of these tests stay on a lab of their own (the shared lab's tests expect
 # pristine hosts).
@@ -298,9 +298,7 @@ def test_a_systemd_deployment_is_read_from_journald(tmp_path, journal):
     assert state.source == "journald" and len(texts) == 7
 
 
-def test_systemd_lab_host():
-    pytest.skip("no systemd lab host kind exists yet (the deploy issue's systemd lab host is pending); the "
-                "journald path is covered above against recorded `journalctl -o json` output")
+# The live journald test (a systemd lab host, real journald): tests/test_systemd_lab.py.
 
 
 # ---------------------------------------------------------------- lab hosts (real sshd)
@@ -357,21 +355,6 @@ def cli_measured(lab, *args):
         wall = time.monotonic() - started
         code, maxrss = (int(x) for x in open(figures.name).read().split())
     return code, proc.stdout.decode(), proc.stderr.decode(), wall, types.SimpleNamespace(ru_maxrss=maxrss)
-
-
-def deploy_profile(tmp_path, name, env=None, replace=None):
-    from .conftest import ROOT
-
-    text = (ROOT / "playbooks" / "qwen36-ddtree.yaml").read_text().replace("../", f"{ROOT}/")
-    fast = {"SGLFLEET_SIM_LOAD_DELAY": "0.5", "SGLFLEET_SIM_DECODE_LOG_S": "0.5", "HF_TOKEN": "hf_do_not_leak_me",
-            **(env or {})}
-    for key, value in fast.items():
-        text = text.replace("env:\n", f"env:\n  {key}: \"{value}\"\n")
-    for old, new in (replace or {}).items():
-        text = text.replace(old, new)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(text)
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,10 @@ def _lab() -> Lab:
 @lab_app.command("up")
 def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (ct129, ct130, ...)."),
            gpu: str = typer.Option("h200", help="The GPU each host declares (lab_gpu)."),
+           systemd: int = typer.Option(0, "--systemd", help="How many of the hosts (the last ones) boot real "
+                                       "systemd as PID 1, each in a root of its own (an overlay: systemd's boot "
+                                       "cleans /tmp, /run, /var of the root it sees); their servers run as units "
+                                       "and log to journald."),
            router: bool = typer.Option(False, "--router", help="Also start a real sglang-router (installed by "
                                        "`python -m orchestrator.lab.router install`) on the lab's .254 address, "
                                        "retries off, and write its router_url into the inventory.")) -> None:
@@ -44,11 +48,12 @@ def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (c
         lab_router.start()
     # A router started by an earlier `lab up --router` stays in the inventory.
     extra = {"router_url": lab_router.url} if lab_router.running() else None
-    hosts = lab.up(count, gpu=gpu, extra_vars=extra)
+    hosts = lab.up(count, gpu=gpu, extra_vars=extra, systemd=systemd)
     output.stdout.print(f"lab up: {len(hosts)} host(s) in {time.monotonic() - started:.1f}s; "
                         f"inventory {lab.inventory_path}, known_hosts {lab.known_hosts_path}")
     for h in hosts:
-        output.stdout.print(f"  {h.name}  {h.address}:{h.port}  gpu={h.gpu}", highlight=False)
+        output.stdout.print(f"  {h.name}  {h.address}:{h.port}  gpu={h.gpu}"
+                            + ("  systemd (PID 1)" if h.kind == "systemd" else ""), highlight=False)
     if extra:
         output.stdout.print(f"  router  {lab_router.url}  sglang-router (retries off; log {lab_router.log_path}); "
                             "`sglfleet restart --rolling` adds serving hosts missing from it", highlight=False)
@@ -75,7 +80,7 @@ def lab_status(as_json: bool = JsonOpt) -> None:
         for s in statuses:
             state = "[green]up[/]" if s.running and s.sshd else ("[yellow]sshd stopped[/]" if s.running
                                                                  else "[red]down[/]")
-            output.stdout.print(f"{s.name}  {s.address}:22  {state}")
+            output.stdout.print(f"{s.name}  {s.address}:22  {state}" + ("  systemd" if s.kind == "systemd" else ""))
     raise typer.Exit(0 if statuses and all(s.running and s.sshd for s in statuses) else 1)
 
 

@@ -5,6 +5,13 @@ uts namespaces. It sees the real filesystem, except that /root, /var/lib, /var/l
 /etc/systemd are overlays (a shared read-only base + the real directory underneath, with
 a per-host upper layer) and /tmp is its own. So /root/ml-env, /root/models and
 the state dir (remote/hostlib.STATE_DIR) have the same paths as on a real host but differ per host.
+Its PID 1 is hostinit.py (sshd and a reaper).
+
+A systemd host (`lab up --systemd N`: the last N hosts) boots real systemd as its PID 1 instead,
+in a whole root of its own (an overlay of the base and /, private /tmp, /run, /dev; see
+systemd_boot.py): systemd's boot cleans /tmp, /run and /var of the root it sees, so it must
+never see the machine's. Its sshd is a systemd unit; the server `deploy` starts is a unit too,
+logging to journald.
 
 State lives in SGLFLEET_LAB_DIR (default /var/cache/sglfleet/lab). That directory must not
 sit under an overlaid path (overlayfs refuses layers nested in each other), which is
@@ -33,6 +40,22 @@ FIRST_HOST_NUMBER = 129
 MAX_HOSTS = 254
 SSHD = "/usr/sbin/sshd"
 HOSTINIT = Path(__file__).with_name("hostinit.py")
+SYSTEMD_BOOT = Path(__file__).with_name("systemd_boot.py")
+SYSTEMD = "/lib/systemd/systemd"
+# Booted by a systemd host: sysinit (journald, tmpfiles, ...) and the lab's sshd, nothing else.
+SYSTEMD_TARGET = "sglfleet-lab.target"
+# Units a systemd host never starts (masked in its root): they reach the network (NTP, apt),
+# or change the kernel every lab host and the machine share (sysctl, modules, binfmt, mounts
+# of kernel file systems), or are the machine's own sshd on 0.0.0.0:22.
+SYSTEMD_MASKED = (
+    "systemd-timesyncd.service", "apt-daily.timer", "apt-daily-upgrade.timer", "networking.service",
+    "systemd-networkd.service", "systemd-resolved.service", "systemd-sysctl.service",
+    "systemd-modules-load.service", "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount",
+    "kmod-static-nodes.service", "systemd-pstore.service", "systemd-firstboot.service",
+    "systemd-repart.service", "sys-kernel-config.mount", "sys-kernel-debug.mount", "sys-kernel-tracing.mount",
+    "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "ssh.service", "ssh.socket", "sshd.service",
+    "getty.target", "console-getty.service", "postgresql.service", "e2scrub_reap.service",
+)
 # On lab hosts the server is the stand-in (no GPU, no weights): it validates the argv with the
 # real SGLang and serves SGLang's HTTP API (see sim_server.py). The launch script says so.
 SIM_SERVER = "/usr/local/bin/sglfleet-sim-server"
@@ -66,6 +89,7 @@ class LabHost:
     port: int
     unshare_pid: int
     gpu: str = "h200"
+    kind: str = "plain"   # "plain" (hostinit.py as PID 1) or "systemd" (systemd as PID 1)
 
 
 @dataclass
@@ -75,6 +99,7 @@ class HostStatus:
     running: bool
     sshd: bool
     init_pid: int | None
+    kind: str = "plain"
 
 
 class Lab:
@@ -129,12 +154,18 @@ class Lab:
         if shutil.which("unshare") is None:
             raise SglfleetError("`unshare` not found: install util-linux")
 
-    def up(self, count: int = 4, gpu: str = "h200", extra_vars: dict | None = None) -> list[LabHost]:
-        """Start hosts ct129.. up to `count`; hosts already running are left alone. `extra_vars`
+    def up(self, count: int = 4, gpu: str = "h200", extra_vars: dict | None = None,
+           systemd: int = 0) -> list[LabHost]:
+        """Start hosts ct129.. up to `count`; hosts already running are left alone. The last
+        `systemd` of them boot systemd (a host already running keeps its kind). `extra_vars`
         go into the inventory's `all` vars (e.g. the lab router's router_url)."""
         if not 1 <= count <= MAX_HOSTS:
             raise SglfleetError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
+        if not 0 <= systemd <= count:
+            raise SglfleetError(f"--systemd must be between 0 and --hosts ({count}), got {systemd}")
         self.check_prerequisites()
+        if systemd:
+            self.check_systemd_prerequisites()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         base = lab_base.ensure_base()
         self._ensure_client_key()
@@ -151,7 +182,10 @@ class Lab:
                                         f"not subnet {self.subnet}; run `sglfleet lab down` first")
                 hosts.append(running[name])
                 continue
-            host = self._start_host(index, base, gpu)
+            if index >= count - systemd:
+                host = self._start_systemd_host(index, base, gpu)
+            else:
+                host = self._start_host(index, base, gpu)
             hosts.append(host)
             started.append(host)
         self._save(hosts)
@@ -174,6 +208,14 @@ class Lab:
             doc["all"]["hosts"][host.name] = entry
         self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
+    def check_systemd_prerequisites(self) -> None:
+        if not os.path.exists(SYSTEMD):
+            raise SglfleetError(f"{SYSTEMD} not found: a systemd lab host needs systemd installed on this "
+                                "machine (its root is an overlay of this one); `apt-get install systemd`")
+        if _cgroup2_mount() is None:
+            raise SglfleetError("a systemd lab host needs a cgroup2 file system (systemd runs its units in "
+                                "cgroups); none is mounted here (see /proc/self/mountinfo)")
+
     def _ensure_client_key(self) -> None:
         if not self.key_path.exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sglfleet-lab",
@@ -189,7 +231,8 @@ class Lab:
         host_key = hdir / "ssh_host_ed25519_key"
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-lab",
                         "-f", str(host_key)], check=True)
-        (hdir / "sshd_config").write_text(_sshd_config(address, host_key, self.state_dir, hdir))
+        (hdir / "sshd_config").write_text(_sshd_config(address, host_key, self.state_dir / "authorized_keys",
+                                                          hdir / "sshd.pid"))
         # The GPU this host declares, read by the nvidia-smi and server stand-ins.
         declared = hdir / "upper" / "var_lib" / "sglfleet-lab"
         declared.mkdir(parents=True)
@@ -217,12 +260,106 @@ class Lab:
         log.close()
         return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu)
 
-    def _wait_ready(self, hosts: list[LabHost], timeout: float = 30.0) -> None:
+    def _start_systemd_host(self, index: int, base: Path, gpu: str) -> LabHost:
+        """Boot systemd as the host's PID 1 in a root of its own (systemd_boot.py). The host's
+        files (units, sshd config and keys, the stand-ins) are written into its upper layer."""
+        name, address = host_name(index), host_address(index, self.subnet)
+        hdir = self.host_dir(name)
+        if hdir.exists():
+            shutil.rmtree(hdir)
+        upper = hdir / "upper" / "rootfs"
+        etc = upper / "etc" / "sglfleet-lab"
+        etc.mkdir(parents=True)
+        host_key = hdir / "ssh_host_ed25519_key"  # the controller's known_hosts reads the .pub here
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}-lab",
+                        "-f", str(host_key)], check=True)
+        for suffix in ("", ".pub"):
+            shutil.copyfile(f"{host_key}{suffix}", etc / f"ssh_host_ed25519_key{suffix}")
+        (etc / "ssh_host_ed25519_key").chmod(0o600)
+        shutil.copyfile(self.state_dir / "authorized_keys", etc / "authorized_keys")
+        (etc / "sshd_config").write_text(_sshd_config(address, Path("/etc/sglfleet-lab/ssh_host_ed25519_key"),
+                                                      Path("/etc/sglfleet-lab/authorized_keys"), None))
+        declared = upper / "var" / "lib" / "sglfleet-lab"
+        declared.mkdir(parents=True)
+        (declared / "gpu").write_text(f"{gpu} 1\n")
+        lab_base.install_tools(upper / "usr" / "local" / "bin", gpu)
+        units = upper / "etc" / "systemd" / "system"
+        units.mkdir(parents=True)
+        (units / SYSTEMD_TARGET).write_text(
+            "[Unit]\nDescription=sglfleet lab host (sysinit and sshd only)\n"
+            "Requires=sysinit.target sockets.target sglfleet-lab-sshd.service\n"
+            "After=sysinit.target sockets.target\nAllowIsolate=yes\n")
+        (units / "sglfleet-lab-sshd.service").write_text(
+            f"[Unit]\nDescription=sshd of the sglfleet lab host {name} ({address}:22)\n"
+            "[Service]\nExecStart=/usr/sbin/sshd -D -e -f /etc/sglfleet-lab/sshd_config\n"
+            "RuntimeDirectory=sshd\nRestart=on-failure\n")
+        for unit in SYSTEMD_MASKED:
+            (units / unit).symlink_to("/dev/null")
+        (upper / "etc" / "hostname").write_text(name + "\n")
+        root = hdir / "root"
+        root.mkdir()
+        config = {"hostname": name, "root": str(root), "lower": ["/"], "upper": str(upper),
+                  "work": str(hdir / "work" / "rootfs"),
+                  "overlays": [{"target": "root", "lower": [str(base / "root"), "/root"],
+                                "upper": str(hdir / "upper" / "root"), "work": str(hdir / "work" / "root")}]}
+        for d in ("work/rootfs", "work/root", "upper/root"):
+            (hdir / d).mkdir(parents=True, exist_ok=True)
+        (hdir / "boot.json").write_text(json.dumps(config, indent=2))
+        cgroup = self._host_cgroup(name)
+        log = open(hdir / "boot.log", "ab")
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "--uts", "--ipc", "--pid", "--cgroup", "--fork", "--kill-child",
+             "--propagation", "private", "--", sys.executable, str(SYSTEMD_BOOT), str(hdir / "boot.json")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            # in its own cgroup before the cgroup namespace is made: that cgroup is the host's root
+            preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
+        log.close()
+        return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu, kind="systemd")
+
+    def _cgroup_path(self, name: str) -> Path:
+        return Path(_cgroup2_mount() or "/sys/fs/cgroup") / f"sglfleet-lab-{self.subnet.replace('.', '-')}-{name}"
+
+    def _host_cgroup(self, name: str) -> Path:
+        path = self._cgroup_path(name)
+        _remove_cgroup(path)  # a host that died leaves its (empty) cgroups
+        path.mkdir()
+        return path
+
+    def _power_off(self, hosts: list[LabHost], timeout: float = 30.0) -> None:
+        """A clean shutdown, as `poweroff` would do it (systemd stops its units, the server drains):
+        SIGRTMIN+4 to systemd. Hosts still up after `timeout` get the plain SIGKILL of down()."""
+        for host in hosts:
+            pid = self.init_pid(host)
+            if pid is not None:
+                os.kill(pid, signal.SIGRTMIN + 4)
+        deadline = time.monotonic() + timeout
+        for host in hosts:
+            while _alive(host.unshare_pid) and time.monotonic() < deadline:
+                _reap(host.unshare_pid)
+                time.sleep(0.05)
+
+    def in_host(self, name: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run argv inside a running host's namespaces and root (for the lab's own knobs and for
+        tests: `systemctl`, `journalctl`)."""
+        pid = self.init_pid(self._host(name))
+        if pid is None:
+            raise SglfleetError(f"lab host {name} is not running")
+        return subprocess.run(["nsenter", "-t", str(pid), "-m", "-u", "-i", "-p", "-C", "-r", "-w", "--", *argv],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def _wait_ready(self, hosts: list[LabHost], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         pending = list(hosts)
         while pending and time.monotonic() < deadline:
             for host in list(pending):
                 ready = self.host_dir(host.name) / "ready"
+                if host.kind == "systemd":
+                    if _port_open(host.address, host.port):  # its sshd unit is up
+                        pending.remove(host)
+                    elif self.init_pid(host) is None and not _alive(host.unshare_pid):
+                        log = (self.host_dir(host.name) / "boot.log").read_text(errors="replace")
+                        raise SglfleetError(f"systemd lab host {host.name} exited during boot:\n{log[-4000:]}")
+                    continue
                 if ready.exists():
                     if ready.read_text().strip() != "ready":
                         raise SglfleetError(f"lab host {host.name}: sshd did not start; see "
@@ -265,13 +402,14 @@ class Lab:
         for host in self.hosts():
             pid = self.init_pid(host)
             result.append(HostStatus(host.name, host.address, pid is not None,
-                                     pid is not None and _port_open(host.address, host.port), pid))
+                                     pid is not None and _port_open(host.address, host.port), pid, host.kind))
         return result
 
     def down(self) -> list[str]:
         """Stop every host; nothing is left: processes, mounts and namespaces go with PID 1."""
         stopped = []
         hosts = self.hosts()
+        self._power_off([h for h in hosts if h.kind == "systemd"])
         for host in hosts:
             if _alive(host.unshare_pid):
                 os.kill(host.unshare_pid, signal.SIGTERM)  # --kill-child: PID 1 gets SIGKILL
@@ -284,6 +422,9 @@ class Lab:
             while _alive(host.unshare_pid) and time.monotonic() < deadline:
                 _reap(host.unshare_pid)
                 time.sleep(0.02)
+        for host in hosts:
+            if host.kind == "systemd":
+                _remove_cgroup(self._cgroup_path(host.name))
         shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)
         self.state_file.unlink(missing_ok=True)
         self.inventory_path.unlink(missing_ok=True)
@@ -307,13 +448,24 @@ class Lab:
 
     def stop_sshd(self, name: str) -> None:
         host = self._host(name)
-        self._signal_init(name, signal.SIGUSR1)
+        if host.kind == "systemd":
+            self._systemctl(name, "stop", "sglfleet-lab-sshd.service")
+        else:
+            self._signal_init(name, signal.SIGUSR1)
         _wait_port(host.address, host.port, open_=False)
 
     def start_sshd(self, name: str) -> None:
         host = self._host(name)
-        self._signal_init(name, signal.SIGUSR2)
+        if host.kind == "systemd":
+            self._systemctl(name, "start", "sglfleet-lab-sshd.service")
+        else:
+            self._signal_init(name, signal.SIGUSR2)
         _wait_port(host.address, host.port, open_=True)
+
+    def _systemctl(self, name: str, *argv: str) -> None:
+        result = self.in_host(name, ["systemctl", *argv])
+        if result.returncode != 0:
+            raise SglfleetError(f"lab host {name}: systemctl {' '.join(argv)} failed: {result.stderr.strip()}")
 
     def kill_host(self, name: str) -> None:
         """SIGKILL the host's PID 1: the kernel kills everything in its pid namespace."""
@@ -332,12 +484,12 @@ class Lab:
         return {ns: os.readlink(f"/proc/{pid}/ns/{ns}") for ns in ("mnt", "pid", "uts")}
 
 
-def _sshd_config(address: str, host_key: Path, state_dir: Path, hdir: Path) -> str:
+def _sshd_config(address: str, host_key: Path, authorized_keys: Path, pidfile: Path | None) -> str:
     return f"""# sglfleet lab host
 ListenAddress {address}:22
 HostKey {host_key}
-PidFile {hdir / 'sshd.pid'}
-AuthorizedKeysFile {state_dir / 'authorized_keys'}
+PidFile {pidfile or 'none'}
+AuthorizedKeysFile {authorized_keys}
 PermitRootLogin prohibit-password
 PubkeyAuthentication yes
 PasswordAuthentication no
@@ -350,6 +502,31 @@ MaxStartups 200
 MaxSessions 100
 Subsystem sftp internal-sftp
 """
+
+
+def _cgroup2_mount() -> str | None:
+    """Where the cgroup2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a
+    hybrid layout), or None."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if " - " in line and line.split(" - ", 1)[1].split()[0] == "cgroup2":
+            return fields[4]
+    return None
+
+
+def _remove_cgroup(path: Path) -> None:
+    """Remove a dead host's cgroup tree, innermost first (a cgroup dir goes only when empty)."""
+    if not path.is_dir():
+        return
+    for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda entry: -entry[0].count("/")):
+        try:
+            os.rmdir(dirpath)
+        except OSError:
+            pass
 
 
 def _alive(pid: int) -> bool:
