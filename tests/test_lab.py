@@ -82,3 +82,14 @@ def test_state_dir_under_a_per_host_path_is_refused(tmp_path):
 
     with pytest.raises(SglfleetError, match="every lab host replaces with its own copy"):
         Lab(state_dir=tmp_path / "lab")
+
+
+@pytest.mark.parametrize("args, message", [(["--hosts", "2", "--systemd", "3"], "--systemd must be between 0 and"),
+                                           (["--hosts", "0"], "--hosts must be between 1 and")])
+def test_bad_host_counts_are_bad_input(tmp_path, args, message):
+    from .conftest import sglfleet
+
+    result = sglfleet("lab", "up", *args, env={"SGLFLEET_LAB_DIR": str(TEST_LAB_DIR.with_name("lab-bad-counts")),
+                                               "SGLFLEET_LAB_INVENTORY": str(tmp_path / "lab.yaml")})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "lab.yaml").exists()

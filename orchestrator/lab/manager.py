@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import SglfleetError
+from ..errors import ConfigError, SglfleetError
 from . import base as lab_base
 
 FIRST_HOST_NUMBER = 129
@@ -160,9 +160,9 @@ class Lab:
         `systemd` of them boot systemd (a host already running keeps its kind). `extra_vars`
         go into the inventory's `all` vars (e.g. the lab router's router_url)."""
         if not 1 <= count <= MAX_HOSTS:
-            raise SglfleetError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
+            raise ConfigError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
         if not 0 <= systemd <= count:
-            raise SglfleetError(f"--systemd must be between 0 and --hosts ({count}), got {systemd}")
+            raise ConfigError(f"--systemd must be between 0 and --hosts ({count}), got {systemd}")
         self.check_prerequisites()
         if systemd:
             self.check_systemd_prerequisites()
