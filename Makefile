@@ -64,7 +64,7 @@ setup: sshd $(VENV)/.installed
 # It runs with the loopback guard on and only the lab's own inventory (127.0.1.N addresses).
 # The bench shares that lab (inventory/lab.yaml), so it stays out of the jail for the same reason.
 demo: setup
-	$(SGLFLEET) lab up --hosts 4
+	$(SGLFLEET) lab up --hosts 4 --systemd 1
 	$(SGLFLEET) facts all
 	$(SGLFLEET) plan all qwen36-ddtree
 	$(SGLFLEET) push all qwen36-ddtree

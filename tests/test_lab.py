@@ -23,6 +23,7 @@ def connect(inventory, name):
 def test_hosts_are_isolated(inventory):
     with connect(inventory, "ct129") as a, connect(inventory, "ct130") as b:
         for path in ("/root/only-on-ct129", "/var/lib/sglfleet/only-on-ct129", "/tmp/only-on-ct129",
+                     "/var/tmp/only-on-ct129",
                      "/etc/systemd/system/only-on-ct129.service", "/root/ml-env/only-on-ct129"):
             assert a.run(f"echo x > {path}").ok
             assert a.run(f"test -f {path}").ok

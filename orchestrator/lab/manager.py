@@ -3,7 +3,7 @@
 Host N (ct129, ct130, ...) listens on 127.0.1.N:22 and runs in its own mount, pid and
 uts namespaces. It sees the real filesystem, except that /root, /var/lib, /var/log and
 /etc/systemd are overlays (a shared read-only base + the real directory underneath, with
-a per-host upper layer) and /tmp is its own. So /root/ml-env, /root/models and
+a per-host upper layer) and /tmp and /var/tmp are its own. So /root/ml-env, /root/models and
 the state dir (remote/hostlib.STATE_DIR) have the same paths as on a real host but differ per host.
 Its PID 1 is hostinit.py (sshd and a reaper).
 
@@ -249,7 +249,8 @@ class Lab:
             "hostname": name, "address": address, "port": 22, "sshd": SSHD,
             "sshd_config": str(hdir / "sshd_config"), "sshd_log": str(hdir / "sshd.log"),
             "ready_file": str(hdir / "ready"), "overlays": overlays,
-            "binds": [{"source": str(hdir / "tmp"), "target": "/tmp", "mode": 0o1777}],
+            "binds": [{"source": str(hdir / "tmp"), "target": "/tmp", "mode": 0o1777},
+                      {"source": str(hdir / "var_tmp"), "target": "/var/tmp", "mode": 0o1777}],
         }
         (hdir / "init.json").write_text(json.dumps(config, indent=2))
         log = open(hdir / "init.log", "ab")
