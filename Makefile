@@ -73,6 +73,7 @@ demo: setup
 	$(SGLFLEET) build-kernels all
 	$(SGLFLEET) deploy all qwen36-ddtree
 	$(SGLFLEET) status all qwen36-ddtree
+	$(SGLFLEET) logs all --tail 2
 	$(SGLFLEET) run all "cd / && /root/ml-env/bin/python3 -c 'import torch, ddtree_ext; print(ddtree_ext.__file__)'"
 
 # The suite runs in the network jail: it feeds production addresses to the guard on purpose.

@@ -110,6 +110,10 @@ def test_deploy_on_a_systemd_host_runs_a_unit_logs_to_journald_and_stop_drains(s
     earlier = journal.splitlines()  # the server keeps logging: what journalctl said then is the start
     assert len(texts) >= len(earlier) > 3 and texts[:len(earlier)] == earlier, (texts[-5:], earlier[-5:])
 
+    proc = cli(lab, "status", "ct129", profile, "--json")
+    row = json.loads(proc.stdout)["hosts"]["ct129"]["value"]["profiles"][0]
+    assert proc.returncode == 0 and row["mode"] == "systemd" and row["pid"] == main_pid, row
+
     # a rerun changes nothing: same unit, same main pid
     proc = cli(lab, "deploy", "ct129", profile, "--json", runs=runs)
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -188,6 +188,8 @@ def status(pattern: str = PatternArg,
             table.add_row(output.escape(name), "-", "nothing deployed", *["-"] * 7)
         for row in r.value["profiles"]:
             state = "[green]running[/]" if row.get("alive") else ("stopped" if row.get("stopped") else "[red]down[/]")
+            if row.get("mode") == "systemd":  # a unit (journald), not the detached supervisor
+                state += " (unit)"
             desired = row.get("desired") or {}
             argv = row.get("argv_hash") or "-"
             if desired.get("argv_hash") and desired["argv_hash"] != row.get("argv_hash"):
