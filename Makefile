@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SGLFLEET := $(VENV)/bin/sglfleet
 PYTHON ?= python3
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=15
 # The hard safety rule: nothing run from here may leave 127.0.0.0/8.
 export SGLFLEET_LOOPBACK_ONLY := 1
 

@@ -18,9 +18,21 @@ import pytest
 
 from .private_lab import deploy_profile, private_lab
 
-pytestmark = [pytest.mark.lab,
-              pytest.mark.skipif(not os.path.exists("/lib/systemd/systemd") and not os.environ.get("CI"),
-                                 reason="systemd is not installed here (make test installs it)")]
+
+
+def systemd_missing() -> str | None:
+    """Why this machine cannot run a systemd lab host (no systemd binary, no cgroup2), or None."""
+    from orchestrator.errors import SglfleetError
+    from orchestrator.lab.manager import Lab
+
+    try:
+        Lab(state_dir=Path("/var/cache/sglfleet/lab-probe")).check_systemd_prerequisites()
+    except SglfleetError as exc:
+        return str(exc)
+    return None
+
+
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(systemd_missing() is not None, reason=str(systemd_missing()))]
 
 UNIT = "sglfleet-qwen36-ddtree.service"
 
