@@ -57,12 +57,12 @@ def topk_only(ext) -> None:
             print(f"topk bs={bs:2d} K={k:4d}: {t:7.1f} us", flush=True)
 
 
-def phases(ext) -> None:
-    print("fused launch phases, K=B=64, median of 40 eager launches (us; times from the first CTA start,"
+def phases(ext, budget: int = 64) -> None:
+    print(f"fused launch phases, K=B={budget}, median of 40 eager launches (us; times from the first CTA start,"
           " durations inside the CTA that ran them):")
     for bs in (1, 8, 64):
         x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
-        got = timeline(ext, x, 64, 64)
+        got = timeline(ext, x, budget, budget)
         print(f"  bs={bs:2d}: " + "  ".join(f"{label} {us:.1f}" for label, us in got.items()), flush=True)
 
 
@@ -78,8 +78,8 @@ def inputs(ext) -> None:
 
 
 def main() -> None:
-    """--topk: the many-row top-K only; --phases: the fused launch's phases only; --inputs: bs=1
-    over ten seeded inputs."""
+    """--topk: the many-row top-K only; --phases [--budget B]: the fused launch's phases only (K = B,
+    64 unless given); --inputs: bs=1 over ten seeded inputs."""
     ext = load()
     if "--inputs" in sys.argv:
         inputs(ext)
@@ -87,8 +87,8 @@ def main() -> None:
     if "--topk" in sys.argv:
         topk_only(ext)
         return
-    if "--phases" in sys.argv:
-        phases(ext)
+    if "--phases" in sys.argv:  # --phases [--budget B]: K = B (64 unless given)
+        phases(ext, int(sys.argv[sys.argv.index("--budget") + 1]) if "--budget" in sys.argv else 64)
         return
     for bs in (1, 8, 32, 64):
         x = (torch.randn(bs, 15, 151936, device="cuda") * 3).to(torch.bfloat16)
