@@ -8,6 +8,10 @@
    (/var/lib/sglfleet-lab/gpu). A config SGLang would reject on that GPU is rejected here with
    SGLang's own traceback on stderr and exit code 1 (argparse errors: exit code 2, as SGLang).
    As on a real GPU host, where SGLang finds CUDA itself, `--device cuda` is implied.
+   The validation runs in a child process (this same file, marked by SGLFLEET_SIM_RESULT_FD) that
+   sends what serving needs back over a pipe and exits: importing SGLang (and torch with it) costs
+   ~0.85 GB resident, which the long-lived serving process would otherwise keep for nothing (a
+   32-host lab would not fit in memory). Its stdout/stderr are the server's, so the log is as before.
 2. Otherwise, after a model-load delay, it serves SGLang's HTTP API on --host/--port with
    deterministic answers; /server_info says it is a lab simulation and echoes the resolved args.
 3. It logs like SGLang, including periodic `Decode batch, ...` lines with accept len / rate
@@ -24,11 +28,13 @@ import logging
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 # What SGLang's platform probes would report on each declarable GPU.
 GPU_FACTS = {
@@ -38,6 +44,10 @@ GPU_FACTS = {
     "l40s": {"is_cuda": True, "is_sm90": False, "device_capability": (8, 9), "is_hopper_with_cuda_12_3": False},
 }
 GPU_FILE = "/var/lib/sglfleet-lab/gpu"
+# Set in the validation child's environment: the fd of the pipe its result goes to.
+RESULT_FD_ENV = "SGLFLEET_SIM_RESULT_FD"
+# The fields of SGLang's ServerArgs the serving process reads (as getattr gives them).
+SERVING_FIELDS = ("model_path", "served_model_name", "host", "port", "enable_metrics")
 log = logging.getLogger("sglang")
 
 
@@ -127,9 +137,22 @@ def simulated_scheduler_step(delay):
                        "(lab simulation: crash after %.1fs, as asked)" % delay)
 
 
+def validated_summary(args):
+    """What the serving process needs from SGLang's validated args, as JSON (no SGLang object
+    crosses the pipe: the serving process never imports SGLang)."""
+    import sglang
+
+    spec = spec_figures(args)
+    return {"fields": {name: getattr(args, name, None) for name in SERVING_FIELDS},
+            "server_args": resolved_view(args), "spec": list(spec) if spec else None, "hybrid": is_hybrid(args),
+            "version": sglang.__version__}
+
+
 class SimServer:
-    def __init__(self, args, gpu, argv):
-        self.args = args
+    def __init__(self, validated, gpu, argv):
+        self.args = SimpleNamespace(**validated["fields"])
+        self.server_args = validated["server_args"]
+        self.version = validated["version"]
         self.gpu = gpu
         self.argv = argv
         self.ready = False
@@ -137,8 +160,8 @@ class SimServer:
         self.in_flight = 0
         self.served = 0
         self.lock = threading.Lock()
-        self.spec = spec_figures(args)
-        self.hybrid = is_hybrid(args)
+        self.spec = tuple(validated["spec"]) if validated["spec"] else None
+        self.hybrid = validated["hybrid"]
         self.httpd = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -278,10 +301,8 @@ class SimServer:
         return (200, {"status": "ready"}) if ok else (503, {"status": "not ready"})
 
     def server_info(self, payload):
-        import sglang
-
-        return 200, {"lab_simulation": True, "simulated_gpu": self.gpu, "version": sglang.__version__,
-                     "argv": self.argv, "server_args": resolved_view(self.args)}
+        return 200, {"lab_simulation": True, "simulated_gpu": self.gpu, "version": self.version,
+                     "argv": self.argv, "server_args": self.server_args}
 
     def model_info(self, payload):
         return 200, {"model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
@@ -355,22 +376,89 @@ class SimServer:
                                "total_tokens": len(prompt.split()) + n}}
 
 
+def exit_code(exc):
+    """The status a SystemExit would end the process with (as the interpreter computes it)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def validation_child(argv, gpu, result_fd):
+    """The child's whole life: validate, send the summary down the pipe, exit. It ends with
+    os._exit after flushing, so nothing SGLang's imports started can keep it alive."""
+    try:
+        summary = validated_summary(validate(argv, gpu))
+        with os.fdopen(result_fd, "w") as pipe:
+            pipe.write(json.dumps(summary))
+        code = 0
+    except SystemExit as exc:  # argparse: SGLang's own usage message and exit code 2
+        code = exit_code(exc)
+    except Exception:
+        traceback.print_exc()
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def validate_in_child(argv, gpu):
+    """(summary, None) once SGLang accepted the argv, or (None, exit code) after its refusal,
+    which the child has already written to our stdout/stderr."""
+    read_fd, write_fd = os.pipe()
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__)] + list(argv),
+                             env=dict(os.environ, **{RESULT_FD_ENV: str(write_fd)}), pass_fds=(write_fd,))
+    os.close(write_fd)
+
+    def on_sigterm(signum, frame):
+        # Stopped while validating: the child goes too, then we end as SIGTERM would end us.
+        child.terminate()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        with os.fdopen(read_fd) as pipe:
+            text = pipe.read()
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code < 0:
+        print("lab simulation: the SGLang validation process died by signal %d" % -code, file=sys.stderr)
+        return None, 1
+    if code != 0:
+        return None, code
+    try:
+        return json.loads(text), None
+    except ValueError:
+        print("lab simulation: the SGLang validation process exited 0 without its result", file=sys.stderr)
+        return None, 1
+
+
 def main(argv):
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S")
     gpu = declared_gpu()
-    try:
-        args = validate(argv, gpu)
-    except SystemExit:
-        raise  # argparse: SGLang's own usage message and exit code 2
-    except Exception:
-        traceback.print_exc()
-        return 1
-    if os.environ.get("SGLFLEET_SIM_VALIDATE_ONLY") == "1":
+    if os.environ.get(RESULT_FD_ENV):
+        validation_child(argv, gpu, int(os.environ[RESULT_FD_ENV]))
+    if os.environ.get("SGLFLEET_SIM_VALIDATE_ONLY") == "1":  # one shot: validate here, nothing to keep small
+        try:
+            args = validate(argv, gpu)
+        except SystemExit:
+            raise  # argparse: SGLang's own usage message and exit code 2
+        except Exception:
+            traceback.print_exc()
+            return 1
         print(json.dumps({"ok": True, "gpu": gpu, "speculative_algorithm": getattr(args, "speculative_algorithm",
                                                                                   None)}))
         return 0
-    return SimServer(args, gpu, argv).serve()
+    validated, code = validate_in_child(argv, gpu)
+    if validated is None:
+        return code
+    return SimServer(validated, gpu, argv).serve()
 
 
 if __name__ == "__main__":
