@@ -155,3 +155,80 @@ def test_the_lock_refuses_a_second_holder_and_names_the_first(host):
                 pass
     assert info.value.code == hostlib.EXIT_LOCKED
     assert "test@here running `pytest`" in str(info.value) and info.value.detail["holder"]["user"] == "test"
+
+
+# ---------------------------------------------------------------- a deploy's lease and push
+
+DEPLOYER = {"user": "dana", "controller": "ops1", "command": "sglfleet deploy all p", "controller_pid": 4242}
+
+
+def take_lease(host, deploy_id="dep1", ttl=600.0):
+    """The lease as remote/server.py takes it for a deploy (the same function, not a copy)."""
+    from orchestrator.remote import server
+
+    server.take_lease({"state_dir": host.state, "lease": {"id": deploy_id, "holder": DEPLOYER, "ttl": ttl}})
+
+
+def assert_refused_naming_the_deploy(info, deploy_id="dep1"):
+    assert info.value.code == hostlib.EXIT_LOCKED
+    message = str(info.value)
+    assert "being deployed by another sglfleet run" in message and f"deploy {deploy_id}" in message
+    assert "dana@ops1 running `sglfleet deploy all p`" in message and "nothing was changed" in message
+    assert info.value.detail["lease"]["id"] == deploy_id and info.value.detail["holder"] == DEPLOYER
+
+
+def nothing_changed(host):
+    assert read(host, "pkg/m.py") == b"V = 1\n" and host.current() == "r1"
+    assert [r["id"] for r in host.releases()] == ["r1"] and [r["status"] for r in host.releases()] == ["active"]
+    assert not os.path.exists(os.path.join(host.state, hostlib.JOURNAL_FILE))
+
+
+def test_a_push_is_refused_naming_the_deploy_that_holds_the_lease(host):
+    apply(host, "r1", {"pkg/m.py": b"V = 1\n"}, {"pkg/m.py": b"V = 0\n"})
+    take_lease(host)
+    with pytest.raises(hostlib.Failure) as info:  # push's first round trip, before any byte is sent
+        release.cmd_inspect(host, {"targets": [], "recover": True, "refuse_while_deployed": True, "holder": HOLDER})
+    assert_refused_naming_the_deploy(info)
+    with pytest.raises(hostlib.Failure) as info:  # and its apply, should the lease come in between
+        apply(host, "r2", {"pkg/m.py": b"V = 2\n"}, {"pkg/m.py": b"V = 1\n"})
+    assert_refused_naming_the_deploy(info)
+    with pytest.raises(hostlib.Failure) as info:
+        release.cmd_rollback(host, {"to": "pristine", "id": "rb1", "holder": HOLDER})
+    assert_refused_naming_the_deploy(info)
+    nothing_changed(host)
+    assert not os.path.exists(os.path.join(host.state, "releases", "r2"))
+    # Reading is not changing: `plan` (inspect without recovery) still answers.
+    assert release.cmd_inspect(host, {"targets": [], "holder": HOLDER})["current"] == "r1"
+
+
+def test_the_deploys_own_apply_and_rollback_go_through_its_lease(host):
+    apply(host, "r1", {"pkg/m.py": b"V = 1\n"}, {"pkg/m.py": b"V = 0\n"})
+    take_lease(host)
+    args = {"id": "r2", "holder": DEPLOYER, "artifacts": [], "import_check": [],
+            "files": [{"key": "pkg/m.py", "before": sha(b"V = 1\n"), "after": sha(b"V = 2\n")}]}
+    assert release.cmd_apply(host, args, tar_of({"pkg/m.py": b"V = 2\n"}))["release"] == "r2"
+    assert release.cmd_rollback(host, {"to": "r1", "id": "rb1", "holder": DEPLOYER})["current"] == "r1"
+    # Another process of the same user, machine and command line is another run.
+    other = dict(DEPLOYER, controller_pid=4243)
+    with pytest.raises(hostlib.Failure) as info:
+        release.cmd_rollback(host, {"to": "pristine", "id": "rb2", "holder": other})
+    assert_refused_naming_the_deploy(info)
+    assert read(host, "pkg/m.py") == b"V = 1\n" and host.current() == "r1"
+    assert not os.path.exists(os.path.join(host.state, hostlib.ROLLBACKS_DIR, "rb2"))
+
+
+def test_a_push_goes_through_once_the_lease_is_dropped_or_expired(host):
+    from orchestrator.remote import server
+
+    apply(host, "r1", {"pkg/m.py": b"V = 1\n"}, {"pkg/m.py": b"V = 0\n"})
+    take_lease(host)
+    server.drop_lease({"state_dir": host.state, "deploy_id": "dep1"})
+    apply(host, "r2", {"pkg/m.py": b"V = 2\n"}, {"pkg/m.py": b"V = 1\n"})
+    take_lease(host, "dep2", ttl=0.2)
+    with pytest.raises(hostlib.Failure):
+        apply(host, "r3", {"pkg/m.py": b"V = 3\n"}, {"pkg/m.py": b"V = 2\n"})
+    import time
+
+    time.sleep(0.3)  # its deploy died without dropping it: past the ttl it binds nobody
+    apply(host, "r3", {"pkg/m.py": b"V = 3\n"}, {"pkg/m.py": b"V = 2\n"})
+    assert read(host, "pkg/m.py") == b"V = 3\n" and host.current() == "r3"

@@ -96,7 +96,8 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
          dry_run: bool = typer.Option(False, "--dry-run", help="Only plan (same as `plan`)."),
          bwlimit: Optional[float] = typer.Option(None, "--bwlimit", help="Limit each host's transfer to KiB/s."),
          host_key_policy: Optional[str] = PolicyOpt) -> None:
-    """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible."""
+    """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible.
+    A host another run is deploying (its lease) is refused, naming that deploy, and left as it is."""
     if dry_run:
         plan(pattern, profile, inventory_path, forks, as_json, False, force, host_key_policy)
         return
@@ -170,7 +171,8 @@ def rollback(pattern: str = PatternArg,
              package: str = PackageOpt,
              force: bool = typer.Option(False, "--force", help="Roll back even files changed since their release."),
              host_key_policy: Optional[str] = PolicyOpt) -> None:
-    """Restore the files of earlier releases (or the pristine package) byte for byte."""
+    """Restore the files of earlier releases (or the pristine package) byte for byte.
+    A host another run is deploying (its lease) is refused, naming that deploy, and left as it is."""
     package = checked_package(package)
     command = command_line()
 

@@ -6,6 +6,9 @@ goes to stderr. Stdlib + hostlib only, Python 3.8+; importable on the controller
 
 Everything lives under the state dir (hostlib.STATE_DIR):
     lock                      flock'd by the run changing this host; holds the holder's JSON
+    deploy-lease.json         a deploy's lease (written by remote/server.py): while it is live,
+                              apply and rollback (and push's recovering inspect) are refused
+                              naming the deploy, unless they come from that deploy itself
     journal.json              exists only while files are being swapped (see `Transaction`)
     current                   id of the newest active release
     releases/<id>/files/...   the files the release installed (verified by hash)
@@ -252,6 +255,25 @@ def check_python(host, keys, modules):
                           phase="import")
 
 
+# ---------------------------------------------------------------- the deploy lease
+
+
+def refuse_while_deployed(host, args):
+    """Under the lock: refuse to change the host while another run's deploy holds its lease
+    (hostlib.DEPLOY_LEASE_FILE, taken by remote/server.py), naming it, as a second deploy is
+    refused. A deploy's own steps (its apply, its revert's rollback) come from the controller
+    process that took the lease, under the same holder (user, controller, command line, pid),
+    and go through. An expired lease (its deploy died without dropping it) binds nobody."""
+    held = hostlib.deploy_lease_conflict(host.state)
+    if held is None or held.get("holder") == args["holder"]:
+        return
+    age = time.time() - held.get("since", 0)
+    raise Failure("host is being deployed by another sglfleet run: %s (deploy %s, %.0fs ago); it holds the "
+                  "host until it ends or its lease expires in %.0fs; nothing was changed"
+                  % (hostlib.describe_holder(held.get("holder")), held.get("id"), age, held.get("ttl", 0) - age),
+                  hostlib.EXIT_LOCKED, holder=held.get("holder"), lease=held)
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -261,6 +283,8 @@ def cmd_inspect(host, args):
     recovered = None
     if args.get("recover"):
         with Lock(host.state, args["holder"]):
+            if args.get("refuse_while_deployed"):  # a push: refused here, before any byte is sent
+                refuse_while_deployed(host, args)
             recovered = recover(host)
     records = host.releases()
     files = {}
@@ -326,6 +350,7 @@ def cmd_apply(host, args, stream):
     release_id = args["id"]
     rdir = os.path.join(host.state, hostlib.RELEASES_DIR, release_id)
     with Lock(host.state, args["holder"]):
+        refuse_while_deployed(host, args)
         recovered = recover(host)
         if os.path.exists(rdir):
             raise Failure("release %s already exists on this host" % release_id)
@@ -391,6 +416,7 @@ def cmd_releases(host, args):
 def cmd_rollback(host, args):
     """Undo active releases newer than `to` (None: the newest one; "pristine": all of them)."""
     with Lock(host.state, args["holder"]):
+        refuse_while_deployed(host, args)
         recovered = recover(host)
         records = host.releases()
         active = [r for r in records if r.get("status") == "active"]

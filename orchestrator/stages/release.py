@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import getpass
+import os
 import secrets
 import socket
 import time
@@ -83,8 +84,12 @@ class HostPlan:
                            "artifact": f.artifact} for f in self.files]}
 
 
-def holder(command: str) -> dict[str, str]:
-    return {"user": getpass.getuser(), "controller": socket.gethostname(), "command": command}
+def holder(command: str) -> dict[str, Any]:
+    """Who changes the host, as the lock and a deploy's lease name it. The controller's pid makes
+    it one process's: a deploy's own apply and rollback carry the holder its lease was taken
+    with, which is how the host tells them from another run's push (remote/release.py)."""
+    return {"user": getpass.getuser(), "controller": socket.gethostname(), "command": command,
+            "controller_pid": os.getpid()}
 
 
 def new_release_id() -> str:
@@ -113,9 +118,11 @@ def targets(artifacts: Artifacts) -> list[tuple[str, bool, str | None]]:
 
 def inspect(conn: Connection, artifacts: Artifacts, recover: bool = False, command: str = "inspect",
             with_text: bool = False) -> dict[str, Any]:
+    """With `recover` (a push about to change the host): refused while another run's deploy
+    holds the host's lease, before anything is recovered or sent."""
     package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
     args = {"package": package, "targets": [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)],
-            "recover": recover, "holder": holder(command)}
+            "recover": recover, "refuse_while_deployed": recover, "holder": holder(command)}
     return call(conn, "inspect", args)
 
 
@@ -235,7 +242,8 @@ def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, 
          bwlimit: float | None = None, pace_s: float = 0.0,
          on_plan: Callable[[HostPlan], None] | None = None) -> PushOutcome:
     """Two round trips: inspect (recovering an interrupted run under the lock), then apply
-    only what changes. A refused or already-current host gets no second round trip."""
+    only what changes. A refused or already-current host gets no second round trip. Another
+    run's deploy between its steps (its lease) refuses both, naming the deploy."""
     inspected = inspect(conn, artifacts, recover=True, command=command)
     plan = make_plan(conn.host.name, inspected, artifacts, force)
     if on_plan:
