@@ -150,6 +150,21 @@ def test_worker_url_from_bind_port_and_overrides(tmp_path):
         ["http://r1:1", "http://r2:2"]
 
 
+def test_a_restart_skips_the_smoke_only_when_the_record_vouches_for_what_starts():
+    record = {"deploy_id": "d1", "release": "r1", "argv_hash": "a1", "env_hash": "e1",
+              "expected": {"speculative_algorithm": None}}
+    same = {"release": "r1", "argv_hash": "a1", "env_hash": "e1", "files_hash": "f2"}
+    why = rollout.smoke_vouched(record, same)
+    assert why and "d1" in why and "r1" in why
+    # a changed release, argv or environment must pass SGLang's validation again
+    for key, value in (("release", "r2"), ("release", None), ("argv_hash", "a2"), ("env_hash", "e2")):
+        assert rollout.smoke_vouched(record, dict(same, **{key: value})) is None, key
+    # a record that keeps no smoke result (older records), or none at all, vouches for nothing
+    assert rollout.smoke_vouched({k: v for k, v in record.items() if k != "expected"}, same) is None
+    assert rollout.smoke_vouched(None, same) is None
+    assert rollout.smoke_vouched(dict(record, release=None), dict(same, release=None))  # pristine == pristine
+
+
 def test_router_client_refuses_non_loopback_before_connecting(monkeypatch):
     from orchestrator.fleet.router import RouterClient, worker_in_flight
 
@@ -279,6 +294,15 @@ def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
     assert doc["max_unavailable_peak"] <= 2
     for h in doc["hosts"].values():
         assert h["detail"]["stopped"]["was_running"] and h["detail"]["launched"]["pid"]
+        # The deployment is unchanged and passed its smoke when it was deployed: no smoke again.
+        assert "passed its smoke" in (h["detail"]["smoke"].get("skipped") or ""), h["detail"]["smoke"]
+        assert "smoke" not in h["detail"]["steps"] and h["detail"]["round_trips"]["exec"] == 3, h["detail"]["steps"]
+        times = h["times"]
+        assert times["prepare_at_s"] <= times["out_at_s"] < times["back_at_s"] <= doc["seconds"], times
+    # one timeline: no host of a batch left routing before the previous batch was back in it
+    for earlier, later in zip(doc["batches"], doc["batches"][1:]):
+        assert max(doc["hosts"][n]["times"]["back_at_s"] for n in earlier["hosts"]) <= \
+            min(doc["hosts"][n]["times"]["out_at_s"] for n in later["hosts"])
 
     # Control: the same run with the drain step skipped must show failed requests.
     code, doc, load = _control(rl, profile)
@@ -339,6 +363,10 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     outcomes = {h: d["outcome"] for h, d in out["hosts"].items()}
     assert outcomes == {"ct129": "deployed", "ct130": "failed, reverted", "ct131": "untouched",
                         "ct132": "untouched"}, {h: (d["outcome"], d.get("summary")) for h, d in out["hosts"].items()}
+    # a new deployment (another environment) passes SGLang's validation before it replaces the old one
+    smoke = out["hosts"]["ct129"]["detail"]["smoke"]
+    assert smoke["ok"] and "skipped" not in smoke and smoke["timings"], smoke
+    assert "smoke" in out["hosts"]["ct129"]["detail"]["steps"]
     assert out["halted"]["batch"] == 2 and out["untouched"] == ["ct131", "ct132"]
     assert out["hosts"]["ct130"]["detail"]["reverted"]["healthy"] is True
     assert "exited" in out["hosts"]["ct130"]["summary"] or "exit" in out["hosts"]["ct130"]["summary"]

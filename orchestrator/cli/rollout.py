@@ -177,7 +177,7 @@ def report(doc: dict[str, Any]) -> None:
         output.stdout.print(f"{output.escape(host)}: was serving but not in {', '.join(routers)}: added",
                             highlight=False)
     table = output.Table(title=f"{doc['command']} {doc['pattern']} {doc['profile']} ({doc['seconds']:.1f}s)")
-    for col in ("host", "outcome", "release now", "drain", "health", "min_ready", "seconds"):
+    for col in ("host", "outcome", "release now", "smoke", "drain", "health", "min_ready", "seconds"):
         table.add_column(col)
     for name, h in doc["hosts"].items():
         times = h.get("times") or {}
@@ -186,7 +186,7 @@ def report(doc: dict[str, Any]) -> None:
         style = "green" if h.get("ok") and outcome not in ("untouched",) else ("dim" if outcome == "untouched"
                                                                                 else "red")
         table.add_row(output.escape(name), f"[{style}]{output.escape(outcome)}[/]",
-                      output.escape(str(h.get("release") or "-")),
+                      output.escape(str(h.get("release") or "-")), _smoke_cell(h),
                       f"{times['drain_s']:.1f}s" if "drain_s" in times else "-",
                       f"{sum(health.values()):.1f}s" if health else "-",
                       f"{times['min_ready_s']:.1f}s" if "min_ready_s" in times else "-",
@@ -213,6 +213,16 @@ def report(doc: dict[str, Any]) -> None:
     else:
         output.stdout.print(f"{len(doc['hosts']) - len(doc['failed'])} ok, {len(doc['failed'])} failed",
                             style="red" if doc["failed"] else "green", highlight=False)
+
+
+def _smoke_cell(host: dict[str, Any]) -> str:
+    """The smoke gate's time, or why a restart skipped it (its record vouched for it)."""
+    detail = host.get("detail") or {}
+    smoke = detail.get("smoke") or {}
+    if smoke.get("skipped"):
+        return "skipped (passed at deploy)"
+    seconds = (detail.get("steps") or {}).get("smoke")
+    return f"{seconds:.1f}s" if seconds is not None else "-"
 
 
 def restart(pattern: str = PatternArg,

@@ -373,8 +373,7 @@ class HostDeploy:
             desired["release"] = applied["release"]
             self.doc["pushed"] = {"release": applied["release"], "files": applied["files"],
                                   "content_bytes": applied["content_bytes"]}
-        self.note("smoke")
-        probe = run_probe(self.conn, rendered, simulate_for(self.host, None))
+        probe = self._smoke(rendered, planned)
         self.doc["smoke"] = {k: probe.get(k) for k in ("ok", "phase", "fields", "exception", "timings")}
         if not probe.get("ok"):
             self.doc["traceback"] = probe.get("traceback")
@@ -421,6 +420,11 @@ class HostDeploy:
                                     f"{result.summary()}")
             return self.doc
         return self._failed_after_launch(result, applied, previous_release, mode)
+
+    def _smoke(self, rendered: Rendered, planned: dict[str, Any]) -> dict[str, Any]:
+        """Round trip 3: SGLang's own validation of the argv (a restart may vouch for it instead)."""
+        self.note("smoke")
+        return run_probe(self.conn, rendered, simulate_for(self.host, None))
 
     def _apply(self, planned: dict[str, Any], host_plan: release.HostPlan) -> dict[str, Any]:
         """Round trip 2: the push's apply, on the plan made from round trip 1's inspection."""

@@ -10,7 +10,9 @@ The plan (no host touched):
 Per host, in its batch (the batch's hosts in parallel, each taking a capacity slot):
     prepare       stages.deploy.HostDeploy up to its launch: plan, push, smoke (SGLang's own
                   validation) while the host still serves; a host that needs nothing ("unchanged")
-                  is never taken out
+                  is never taken out. A restart skips the smoke when the host's deployment record
+                  vouches for it (smoke_vouched: that release, argv and environment passed it when
+                  deployed); in restart mode the next batch prepares while this one is out
     take out      (right before the launch stops the old server) remove the worker from every
                   router fronting it (`router_url`), wait until none lists it; wait until its
                   in-flight requests (/metrics) reach 0, bounded by `drain_timeout`
@@ -24,8 +26,10 @@ After each batch: failed / batch size above `max_fail_percentage` (exceeded, not
 the rollout; hosts not reached are untouched; `resume=True` (CLI --continue) picks up at the first
 host not done, from the state file.
 
-Round trips per host are HostDeploy's (see stages/deploy.py); the router calls are HTTP from
-this machine (fleet/router.py), each URL checked by the loopback guard.
+Round trips per host are HostDeploy's (see stages/deploy.py; a vouched restart: plan, launch,
+record); the router calls are HTTP from this machine (fleet/router.py), each URL checked by the
+loopback guard. Each host's document keeps its phase times and, on the rollout's one clock,
+when it was prepared, taken out and put back (prepare_at_s, out_at_s, back_at_s).
 """
 
 from __future__ import annotations
@@ -250,7 +254,7 @@ class RolloutOptions:
     min_ready: float = 10.0
     router_timeout: float = 60.0   # seconds for a router to show a removal / a healthy worker
     resume: bool = False
-    # restart mode: the next batch plans and smoke-tests (read-only) while this one is out
+    # restart mode: the next batch plans (and smoke-tests, unless vouched: read-only) while this one is out
     pipeline: bool = True
     deploy: deploy_stage.DeployOptions | None = None
     state_dir: Path = Path("runs")
@@ -268,12 +272,29 @@ def state_path(options: RolloutOptions, inventory_path: str, pattern: str, profi
 # ---------------------------------------------------------------- one host
 
 
+def smoke_vouched(record: dict[str, Any] | None, desired: dict[str, Any]) -> str | None:
+    """Why the host's deployment record vouches for SGLang's validation of what is about to start
+    (None: it does not, so the smoke gate runs). A record is written only after its smoke and
+    health passed, and it keeps what the smoke resolved (`expected`); it vouches when the release,
+    the argv and the environment it passed with are the ones starting now."""
+    if not record or not isinstance(record.get("expected"), dict):
+        return None  # no smoke result kept with it (written before records carried one)
+    for key in ("release", "argv_hash", "env_hash"):
+        if record.get(key) != desired.get(key):
+            return None
+    return (f"deployment {record.get('deploy_id')} passed its smoke with release "
+            f"{record.get('release') or 'pristine'}, this argv and this environment")
+
+
 class _RestartDeploy(deploy_stage.HostDeploy):
     """ADAPTER (until stages.deploy has a restart of its own): HostDeploy restarting the deployment
     that runs. It has the plan read the running server as needing a start, so the pipeline runs
-    its smoke gate, launch (which stops the running server with its drain), health and revert;
-    anything else that would change (a release to push, another argv) is refused: that is
-    `deploy --rolling`."""
+    its launch (which stops the running server with its drain), health and revert; anything else
+    that would change (a release to push, another argv) is refused: that is `deploy --rolling`.
+    The smoke gate is skipped when the host's deployment record vouches for it (smoke_vouched):
+    the same release, argv and environment already passed it when they were deployed."""
+
+    vouched: str | None = None
 
     def _plan(self) -> dict[str, Any]:
         planned = super()._plan()
@@ -282,6 +303,14 @@ class _RestartDeploy(deploy_stage.HostDeploy):
         if running.get("alive") and running.get("record"):
             planned["running"] = dict(running, alive=False)  # restart_reasons: "server not running"
         return planned
+
+    def _smoke(self, rendered: Any, planned: dict[str, Any]) -> dict[str, Any]:
+        record = (planned.get("running") or {}).get("record")
+        self.vouched = smoke_vouched(record, self.desired)
+        if self.vouched is None:
+            return super()._smoke(rendered, planned)
+        self.note(f"skip smoke: {self.vouched}")
+        return {"ok": True, "phase": "skipped", "fields": record["expected"], "timings": {}}
 
     def _change(self, planned: dict[str, Any], host_plan: Any, files: dict[str, str], desired: dict[str, Any],
                 mode: str) -> dict[str, Any]:
@@ -296,7 +325,11 @@ class _RestartDeploy(deploy_stage.HostDeploy):
                              f"deploys ({'; '.join(drift) or f'{len(host_plan.changes)} release file(s) to push'}); "
                              f"use `sglfleet deploy --rolling` to change it", refused=True)
         self.doc["restart_reasons"] = ["rolling restart" if self.was_alive else "server not running"]
-        return super()._change(planned, host_plan, files, desired, mode)
+        self.desired = desired
+        doc = super()._change(planned, host_plan, files, desired, mode)
+        if self.vouched is not None and isinstance(doc.get("smoke"), dict):
+            doc["smoke"]["skipped"] = self.vouched
+        return doc
 
 
 class HostRoll:
@@ -331,6 +364,7 @@ class HostRoll:
             raise Aborted(f"{self.name}: not taken out: the rollout halted before its batch")
         self.run.capacity.acquire(self.name)
         self.times["waited_for_slot_s"] = round(time.monotonic() - started, 3)
+        self.times["out_at_s"] = self.run.clock()
         try:
             self._take_out()
         except BaseException:
@@ -368,6 +402,7 @@ class HostRoll:
             self.stage(f"add to {router.url}")
             router.ensure(self.url, self.run.options.router_timeout)
         self.times["add_s"] = round(time.monotonic() - began, 3)
+        self.times["back_at_s"] = self.run.clock()
         self.run.capacity.release(self.name)
         self.taken_out = False
 
@@ -413,6 +448,7 @@ class HostRoll:
         run = self.run
         kind = _RestartDeploy if run.options.mode == "restart" else deploy_stage.HostDeploy
         started = time.monotonic()
+        self.times["prepare_at_s"] = self.run.clock()
         self.stage("prepare")
         doc = kind(self.conn, run.profile, run.artifacts, run.inventory.path, run.deploy_options, self.note).run()
         doc["worker_url"], doc["routers"] = self.url, [r.url for r in self.routers]
@@ -478,9 +514,14 @@ class Rollout:
         self.capacity = Capacity(self.max_unavailable, set(), self.stop)
         self.state_file = state_path(options, inventory.path, pattern, profile)
         self.fleet: list[dict[str, Any]] = []
+        self.started = time.monotonic()
 
     def event(self, kind: str, host: str | None, text: str) -> None:
         self.events(kind, host, text)
+
+    def clock(self) -> float:
+        """Seconds since run() began: the hosts' times on one timeline (out_at_s, back_at_s)."""
+        return round(time.monotonic() - self.started, 3)
 
     # ------------------------------------------------------------ before anything changes
 
@@ -569,7 +610,7 @@ class Rollout:
     # ------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
-        started = time.monotonic()
+        self.started = started = time.monotonic()
         names = [h.name for h in self.hosts]
         state = self._load_state() if self.options.resume else {}
         if self.options.resume and not state:
