@@ -165,6 +165,28 @@ def test_a_restart_skips_the_smoke_only_when_the_record_vouches_for_what_starts(
     assert rollout.smoke_vouched(dict(record, release=None), dict(same, release=None))  # pristine == pristine
 
 
+@pytest.mark.parametrize("min_ready", [0.3, 0.6])
+def test_min_ready_checks_health_at_its_end_and_stops_there(monkeypatch, min_ready):
+    """The last /health of min_ready is at its end (not up to a poll before it: the server's last
+    moments unchecked) and nothing waits after it (not up to a poll more on every host)."""
+    checks: list[float] = []
+    monkeypatch.setattr(rollout, "worker_healthy", lambda url, timeout=5: checks.append(time.monotonic()) or True)
+
+    class Run:
+        options = rollout.RolloutOptions(mode="restart", min_ready=min_ready)
+        event = staticmethod(lambda kind, host, text: None)
+
+    host = object.__new__(rollout.HostRoll)
+    host.run, host.name, host.url, host.times = Run(), "h0", "http://127.0.0.1:1", {}
+    began = time.monotonic()
+    assert host.stays_ready() is None
+    took = time.monotonic() - began
+    assert checks[-1] - began >= min_ready, [round(c - began, 3) for c in checks]
+    assert took < min_ready + 0.1, took
+    assert host.times["min_ready_s"] >= min_ready
+    assert len(checks) >= min_ready / rollout.HostRoll.MIN_READY_POLL_S  # polled all along
+
+
 def test_router_client_refuses_non_loopback_before_connecting(monkeypatch):
     from orchestrator.fleet.router import RouterClient, worker_in_flight
 

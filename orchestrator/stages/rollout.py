@@ -406,15 +406,22 @@ class HostRoll:
         self.run.capacity.release(self.name)
         self.taken_out = False
 
+    MIN_READY_POLL_S = 0.25
+
     def stays_ready(self) -> str | None:
-        """None when the worker answered /health 200 for min_ready seconds straight."""
+        """None when the worker answered /health 200 for min_ready seconds straight: polled every
+        MIN_READY_POLL_S, the last poll when min_ready is over (not up to a poll before its end,
+        nor a whole poll after it)."""
+        min_ready = self.run.options.min_ready
         began = time.monotonic()
-        while time.monotonic() - began < self.run.options.min_ready:
+        while True:
             if not worker_healthy(self.url, timeout=5):
-                return f"not healthy {time.monotonic() - began:.1f}s into min_ready " \
-                       f"({self.run.options.min_ready:.0f}s)"
-            self.stage(f"min_ready {time.monotonic() - began:.1f}s / {self.run.options.min_ready:.0f}s")
-            time.sleep(0.25)
+                return f"not healthy {time.monotonic() - began:.1f}s into min_ready ({min_ready:.0f}s)"
+            elapsed = time.monotonic() - began
+            if elapsed >= min_ready:
+                break
+            self.stage(f"min_ready {elapsed:.1f}s / {min_ready:.0f}s")
+            time.sleep(min(self.MIN_READY_POLL_S, min_ready - elapsed))
         self.times["min_ready_s"] = round(time.monotonic() - began, 3)
         return None
 
