@@ -39,7 +39,16 @@ def test_build_on_the_host_then_deploy_installs_and_imports_it(lab, inventory, t
     again = json.loads(sglfleet("build-kernels", host, "-i", str(lab.inventory_path), "--json", env=env).stdout)
     assert again["builds"][HOST_FP]["built"]["where"] == "cache"
 
-    proc = sglfleet("deploy", host, profile_variant(tmp_path, "good"), "-i", str(lab.inventory_path), "--json",
+    # plan (and push) pick the same cached build as deploy: the extension is listed, not "not built"
+    variant = profile_variant(tmp_path, "good")
+    proc = sglfleet("plan", host, variant, "-i", str(lab.inventory_path), "--json", env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    planned = json.loads(proc.stdout)["hosts"][host]["value"]
+    assert not any("is not built" in n for n in planned["notes"]), planned["notes"]
+    assert any(f["key"].startswith("purelib/ddtree_ext") and f["status"] == "add" for f in planned["files"]), \
+        planned["files"]
+
+    proc = sglfleet("deploy", host, variant, "-i", str(lab.inventory_path), "--json",
                     "--runs-dir", str(tmp_path / "runs"), env=env)
     doc = json.loads(proc.stdout)["hosts"][host]
     assert proc.returncode == 0, doc["summary"]
@@ -49,3 +58,7 @@ def test_build_on_the_host_then_deploy_installs_and_imports_it(lab, inventory, t
         imported = conn.run(f"{conn.host.python} -c 'import torch, ddtree_ext; print(ddtree_ext.__file__)'",
                             timeout=300)
     assert imported.ok and "site-packages/ddtree_ext" in imported.stdout_text, imported.stderr_text
+    # and once deployed, plan finds the build current there
+    proc = sglfleet("plan", host, variant, "-i", str(lab.inventory_path), "--json", env=env)
+    files = json.loads(proc.stdout)["hosts"][host]["value"]["files"]
+    assert [f["status"] for f in files if f["key"].startswith("purelib/ddtree_ext")] == ["current"], files

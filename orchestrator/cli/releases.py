@@ -14,7 +14,7 @@ from ..errors import ConfigError, RemoteError
 from ..fleet.group import TaskOutcome
 from ..spec.patchset import module_name, package_relative
 from ..spec.profile import load_profile
-from ..stages import release
+from ..stages import kernels, release
 from . import output
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line, inventory,
                      on_one_host, report, run_group)
@@ -67,12 +67,14 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
          diff: bool = typer.Option(False, "--diff", help="Show a unified diff per changing file."),
          force: bool = ForceOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Show what `push` would change on each host, without changing anything (one round trip per host)."""
-    inv, artifacts = inventory(inventory_path), load_profile(profile).artifacts()
+    inv, prof = inventory(inventory_path), load_profile(profile)
+    artifacts = prof.artifacts()
     plans: dict[str, Any] = {}
 
     def task(conn):
-        host_plan = release.make_plan(conn.host.name, release.inspect(conn, artifacts, with_text=diff), artifacts,
-                                      force)
+        inspected = release.inspect(conn, artifacts, with_text=diff, also=kernels.candidate_keys(prof))
+        host_plan = release.make_plan(conn.host.name, inspected,
+                                      kernels.artifacts_for_host(prof, artifacts, inspected), force)
         plans[conn.host.name] = host_plan
         return TaskOutcome(not host_plan.refusals, host_plan.summary(), "; ".join(host_plan.refusals) or None)
 
@@ -101,7 +103,8 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
     if dry_run:
         plan(pattern, profile, inventory_path, forks, as_json, False, force, host_key_policy)
         return
-    inv, artifacts = inventory(inventory_path), load_profile(profile).artifacts()
+    inv, prof = inventory(inventory_path), load_profile(profile)
+    artifacts = prof.artifacts()
     if bwlimit is not None and bwlimit <= 0:
         raise ConfigError(f"--bwlimit must be a positive KiB/s figure, got {bwlimit}")
     release_id, command = release.new_release_id(), command_line()
@@ -111,7 +114,9 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
     def task(conn):
         try:
             outcome = release.push(conn, artifacts, release_id, command, force=force,
-                                   bwlimit=bwlimit * 1024 if bwlimit else None, pace_s=pace_s)
+                                   bwlimit=bwlimit * 1024 if bwlimit else None, pace_s=pace_s,
+                                   for_host=lambda inspected: kernels.artifacts_for_host(prof, artifacts, inspected),
+                                   also=kernels.candidate_keys(prof))
         except RemoteError as exc:
             return _refused(exc)
         return outcome.to_json()

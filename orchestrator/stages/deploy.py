@@ -146,9 +146,8 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
         targets = [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]
-        if profile.model.artifacts.extension is not None:  # the builds per fingerprint (build-kernels)
-            targets += [[e.key, False, False, None] for e in kernels.cached_all()
-                        if e.key not in {t[0] for t in targets}]
+        targets += [[key, False, False, None] for key in dict.fromkeys(kernels.candidate_keys(profile))
+                    if key not in {t[0] for t in targets}]  # the builds per fingerprint (build-kernels)
         args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
                            "targets": targets}
     return remote_call.call(conn, SERVER, "plan", args, timeout=600, companions=companions)
@@ -281,14 +280,10 @@ class HostDeploy:
     def extension_for_host(self, inspected: dict[str, Any]) -> Artifacts:
         """The profile's artifacts with the extension build that matches this host's fingerprint
         (from build-kernels' cache), when the profile deploys an extension."""
-        if self.profile.model.artifacts.extension is None:
-            return self.artifacts
-        built = kernels.for_host(inspected)
-        if built is None or (self.artifacts.extension is not None and not self.artifacts.extension.mismatches(inspected)):
-            return self.artifacts
-        notes = [n for n in self.artifacts.notes if "is not built" not in n]
-        self.doc["extension"] = {"dir": str(built.directory), "fingerprint": built.fingerprint}
-        return dataclasses.replace(self.artifacts, extension=built, notes=notes)
+        chosen = kernels.artifacts_for_host(self.profile, self.artifacts, inspected)
+        if chosen.extension is not None and chosen.extension is not self.artifacts.extension:
+            self.doc["extension"] = {"dir": str(chosen.extension.directory), "fingerprint": chosen.extension.fingerprint}
+        return chosen
 
     def lease_ttl(self) -> float:
         timeouts = {**health_stage.DEFAULT_TIMEOUTS, **self.options.timeouts}

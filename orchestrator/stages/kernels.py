@@ -8,12 +8,14 @@
     module fetched back; one round trip) -> the cache, keyed by fingerprint:
     <cache>/<key>/{metadata.json, module}.
 
-`deploy` pushes each host the cached build whose fingerprint matches it (`for_host`).
+`deploy`, `plan` and `push` give each host the cached build whose fingerprint matches it
+(`artifacts_for_host`).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -27,6 +29,7 @@ from ..errors import SglfleetError
 from ..fleet import remote_call
 from ..remote.hostlib import torch_build
 from ..spec.artifacts import Extension, load_extension
+from ..spec.profile import Artifacts, Profile
 
 KERNELS = Path(__file__).resolve().parent.parent.parent / "kernels"
 
@@ -99,6 +102,27 @@ def for_host(inspected: dict[str, Any]) -> Extension | None:
     loadable = [e for e in cached_all() if not e.mismatches(inspected)]
     loadable.sort(key=lambda e: e.fingerprint.get("cuda_version") is None)
     return loadable[0] if loadable else None
+
+
+def candidate_keys(profile: Profile) -> list[str]:
+    """The file keys of the cached builds one of which `artifacts_for_host` may choose: what the
+    host's inspection must hash too (none when the profile deploys no extension)."""
+    return [e.key for e in cached_all()] if profile.model.artifacts.extension is not None else []
+
+
+def artifacts_for_host(profile: Profile, artifacts: Artifacts, inspected: dict[str, Any]) -> Artifacts:
+    """The profile's artifacts with the extension build that loads on this host: the profile's
+    own build when it matches, else build-kernels' cached build for the host's fingerprint (the
+    "not built" note then goes). Unchanged when the profile deploys no extension or none fits."""
+    if profile.model.artifacts.extension is None:
+        return artifacts
+    if artifacts.extension is not None and not artifacts.extension.mismatches(inspected):
+        return artifacts
+    built = for_host(inspected)
+    if built is None:
+        return artifacts
+    notes = [n for n in artifacts.notes if "is not built" not in n]
+    return dataclasses.replace(artifacts, extension=built, notes=notes)
 
 
 def sources() -> list[tuple[str, bytes]]:

@@ -117,11 +117,14 @@ def targets(artifacts: Artifacts) -> list[tuple[str, bool, str | None]]:
 
 
 def inspect(conn: Connection, artifacts: Artifacts, recover: bool = False, command: str = "inspect",
-            with_text: bool = False) -> dict[str, Any]:
+            with_text: bool = False, also: list[str] = ()) -> dict[str, Any]:
     """With `recover` (a push about to change the host): refused while another run's deploy
-    holds the host's lease, before anything is recovered or sent."""
+    holds the host's lease, before anything is recovered or sent. `also`: more file keys to
+    hash (the extension builds one of which may be chosen for the host afterwards)."""
     package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
-    args = {"package": package, "targets": [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)],
+    wanted = [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)]
+    wanted += [[k, False, False, None] for k in dict.fromkeys(also) if k not in {t[0] for t in wanted}]
+    args = {"package": package, "targets": wanted,
             "recover": recover, "refuse_while_deployed": recover, "holder": holder(command)}
     return call(conn, "inspect", args)
 
@@ -240,11 +243,16 @@ class PushOutcome:
 
 def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, force: bool = False,
          bwlimit: float | None = None, pace_s: float = 0.0,
-         on_plan: Callable[[HostPlan], None] | None = None) -> PushOutcome:
+         on_plan: Callable[[HostPlan], None] | None = None,
+         for_host: Callable[[dict[str, Any]], Artifacts] | None = None, also: list[str] = ()) -> PushOutcome:
     """Two round trips: inspect (recovering an interrupted run under the lock), then apply
     only what changes. A refused or already-current host gets no second round trip. Another
-    run's deploy between its steps (its lease) refuses both, naming the deploy."""
-    inspected = inspect(conn, artifacts, recover=True, command=command)
+    run's deploy between its steps (its lease) refuses both, naming the deploy. `for_host`
+    picks the artifacts for what the inspection found (the extension build for its fingerprint),
+    among those whose keys `also` names."""
+    inspected = inspect(conn, artifacts, recover=True, command=command, also=also)
+    if for_host is not None:
+        artifacts = for_host(inspected)
     plan = make_plan(conn.host.name, inspected, artifacts, force)
     if on_plan:
         on_plan(plan)
