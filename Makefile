@@ -66,11 +66,11 @@ setup: sshd $(VENV)/.installed
 demo: setup
 	$(SGLFLEET) lab up --hosts 4 --systemd 1
 	$(SGLFLEET) facts all
+	$(SGLFLEET) build-kernels all
 	$(SGLFLEET) plan all qwen36-ddtree
 	$(SGLFLEET) push all qwen36-ddtree
 	$(SGLFLEET) render ct129 qwen36-ddtree
 	$(SGLFLEET) smoke all qwen36-ddtree
-	$(SGLFLEET) build-kernels all
 	$(SGLFLEET) deploy all qwen36-ddtree
 	$(SGLFLEET) status all qwen36-ddtree
 	$(SGLFLEET) logs all --tail 2
