@@ -262,7 +262,7 @@ def main() -> int:
 
 def run(args: argparse.Namespace, lab: Lab, router: LabRouter, work: Path) -> int:
     url = router.start()
-    lab.up(args.hosts, extra_vars={"router_url": url})
+    lab.up(args.hosts, extra_vars={"sglfleet_router_url": url})
     profile_path = work / "bench-rolling.yaml"
     profile_path.write_text(stand_in_profile("bench-rolling", "rolling-restart benchmark (lab stand-in servers)",
                                              args.port, args.load_delay, args.slow_ms))

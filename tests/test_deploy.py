@@ -295,8 +295,8 @@ def test_detached_server_survives_the_ssh_session(lab, inventory, tmp_path):
 
 
 def test_lab_host_refuses_a_wildcard_bind(lab, inventory, tmp_path):
-    """An inventory without the lab's server_bind (an older `lab up`) renders 0.0.0.0: refused."""
-    text = Path(lab.inventory_path).read_text().replace("server_bind:", "old_server_bind:")
+    """An inventory without the lab's sglfleet_server_bind (an older `lab up`) renders 0.0.0.0: refused."""
+    text = Path(lab.inventory_path).read_text().replace("sglfleet_server_bind:", "old_server_bind:")
     old = tmp_path / "old-lab.yaml"
     old.write_text(text)
     (tmp_path / "old-lab.known_hosts").write_text(Path(lab.known_hosts_path).read_text())
@@ -305,4 +305,4 @@ def test_lab_host_refuses_a_wildcard_bind(lab, inventory, tmp_path):
     doc = json.loads(proc.stdout)["hosts"]["ct136"]
     assert proc.returncode == 2 and doc["phase"] == "render"  # bad input: nothing was tried
     assert "would bind 0.0.0.0" in doc["summary"] and "share one network namespace" in doc["summary"]
-    assert os.path.basename(str(old)) in doc["summary"] or "server_bind" in doc["summary"]
+    assert os.path.basename(str(old)) in doc["summary"] or "sglfleet_server_bind" in doc["summary"]

@@ -21,7 +21,7 @@ lab = lab_fixture("deploy-fanout", 6)
 
 def test_eight_hosts_in_parallel_one_failing_alone(lab, inventory, tmp_path):
     doc = yaml.safe_load(lab.inventory_path.read_text())
-    doc["all"]["hosts"]["ct133"]["profile_overrides"] = {"qwen36-ddtree": {"env": {
+    doc["all"]["hosts"]["ct133"]["sglfleet_profile_overrides"] = {"qwen36-ddtree": {"env": {
         "SGLFLEET_SIM_CRASH_AFTER": "1", "SGLFLEET_SIM_LOAD_DELAY": "30"}}}
     inv = tmp_path / "lab.yaml"
     inv.write_text(yaml.safe_dump(doc))

@@ -58,7 +58,7 @@ def make_profile(data: dict, where: str = "p") -> Profile:
 
 def sandbox_host(name: str, recorder: Path, out: Path) -> Host:
     return Host(name=name, address="127.0.0.1", python=sys.executable,
-                vars={"server_command": [sys.executable, str(recorder), str(out)]})
+                vars={"sglfleet_server_command": [sys.executable, str(recorder), str(out)]})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -165,8 +165,8 @@ def test_profile_overrides_of_the_wrong_shape_are_one_clear_error(tmp_path):
     profile = load_profile(write_profile(tmp_path, ""))
     for overrides in (["server"], {"p": ["port", 1]}):
         with pytest.raises((ConfigError, RenderError)) as info:
-            render(Host(name="h", address="127.0.0.1", vars={"profile_overrides": overrides}), profile, FACTS, "inv")
-        assert "profile_overrides" in str(info.value) and "mapping" in str(info.value)
+            render(Host(name="h", address="127.0.0.1", vars={"sglfleet_profile_overrides": overrides}), profile, FACTS, "inv")
+        assert "sglfleet_profile_overrides" in str(info.value) and "mapping" in str(info.value)
 
 
 def test_missing_draft_model_is_named_with_the_fix(tmp_path):
@@ -178,8 +178,8 @@ def test_missing_draft_model_is_named_with_the_fix(tmp_path):
 
 def test_lab_host_bind_override_and_wildcard_refusal(tmp_path):
     profile = load_profile(write_profile(tmp_path, "server:\n  host: 0.0.0.0\n"))
-    lab = {"lab_gpu": "h200"}
-    rendered = render(Host(name="ct129", address="127.0.1.1", vars={**lab, "server_bind": "127.0.1.1"}), profile,
+    lab = {"sglfleet_lab_gpu": "h200"}
+    rendered = render(Host(name="ct129", address="127.0.1.1", vars={**lab, "sglfleet_server_bind": "127.0.1.1"}), profile,
                       FACTS, "inventory/lab.yaml")
     assert rendered.bind == "127.0.1.1" and rendered.argv[rendered.argv.index("--host") + 1] == "127.0.1.1"
     with pytest.raises(RenderError, match="lab host and would bind 0.0.0.0.*share one network namespace"):
@@ -191,11 +191,11 @@ def test_lab_host_bind_override_and_wildcard_refusal(tmp_path):
 def test_server_command_replaces_the_launcher_and_is_labeled(tmp_path):
     profile = load_profile(write_profile(tmp_path, ""))
     rendered = render(Host(name="ct129", address="127.0.1.1", vars={
-        "server_command": ["/usr/local/bin/sglfleet-sim-server"], "server_command_label": "LAB SIMULATION: x"}),
+        "sglfleet_server_command": ["/usr/local/bin/sglfleet-sim-server"], "sglfleet_server_command_label": "LAB SIMULATION: x"}),
         profile, FACTS, "inventory/lab.yaml")
     assert rendered.command[:2] == ["/usr/local/bin/sglfleet-sim-server", "--model-path"]
     script = rendered.template("launch.sh.j2", env_file="/e")
-    assert re.search(r"^# server command: inventory/lab.yaml \(ct129: server_command\): LAB SIMULATION: x$", script,
+    assert re.search(r"^# server command: inventory/lab.yaml \(ct129: sglfleet_server_command\): LAB SIMULATION: x$", script,
                      re.M)
     plain = render(Host(name="gpu1", address="127.0.1.1", python="/py"), profile, FACTS, "inv")
     assert plain.command[:3] == ["/py", "-m", "sglang.launch_server"]

@@ -27,7 +27,7 @@ from .conftest import ROOT, sglfleet
 INVENTORY = {
     "all": {
         "vars": {"ansible_user": "root", "ansible_python_interpreter": "/root/ml-env/bin/python3",
-                 "profile_overrides": {"qwen36-ddtree": {"server": {"port": 30001}}}},
+                 "sglfleet_profile_overrides": {"qwen36-ddtree": {"server": {"port": 30001}}}},
         "children": {
             "gpu-fleet": {"hosts": {"ct129": {"ansible_host": "127.0.1.1", "ansible_port": 22},
                                     "ct130": {"ansible_host": "127.0.1.2", "sglfleet_proxy_jump": "ct129"}},

@@ -325,9 +325,9 @@ def test_notes_for_ansible_vars_sglfleet_does_not_use(tmp_path, caplog):
 
 
 def test_user_vars_are_kept(tmp_path):
-    inv = load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {lab_gpu: h200, rack: r7}\n"),
+    inv = load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {sglfleet_lab_gpu: h200, rack: r7}\n"),
                          ssh_config_path=str(tmp_path / "none"))
-    assert inv.hosts["a"].vars["lab_gpu"] == "h200"
+    assert inv.hosts["a"].vars["sglfleet_lab_gpu"] == "h200"
     assert inv.hosts["a"].vars["rack"] == "r7"
 
 
@@ -416,3 +416,21 @@ def test_ansible_connection_local_runs_here_not_over_ssh(tmp_path):
             (result,) = json.loads(proc.stdout)["hosts"].values()
             assert result["value"]["stdout"].startswith("ran-here-")
         _assert_no_connection(listener)  # ct129 (same address and port, over SSH) would have shown here
+
+
+def test_sglfleet_settings_are_validated_where_written_and_old_names_get_a_note(tmp_path):
+    text = ("all:\n  vars:\n    sglfleet_router_url: [http://127.0.0.1:30000, http://127.0.0.2:30000]\n"
+            "  hosts:\n    a: {server_bind: 127.0.7.1, sglfleet_server_command: [/usr/bin/sim]}\n")
+    inv = load_inventory(write(tmp_path, text), ssh_config_path=str(tmp_path / "none"))
+    inv.select("all")
+    notes = "\n".join(inv.notes)
+    assert "'server_bind' is an ordinary variable" in notes and "sglfleet_server_bind" in notes, notes
+    assert inv.hosts["a"].vars["sglfleet_server_command"] == ["/usr/bin/sim"]
+    for bad, message in (("sglfleet_server_manager: docker", "must be systemd or supervisor"),
+                         ("sglfleet_profile_overrides: [1]", "must map profile names to overrides"),
+                         ("sglfleet_router_url: ''", "non-empty string"),
+                         ("sglfleet_server_binds: x", "did you mean 'sglfleet_server_bind'")):
+        path = write(tmp_path, f"all:\n  hosts:\n    a:\n      {bad}\n", name="bad.yaml")
+        with pytest.raises(ConfigError) as info:
+            load_inventory(path, ssh_config_path=str(tmp_path / "none"))
+        assert f"{path}:4" in str(info.value) and message in str(info.value), str(info.value)

@@ -148,15 +148,15 @@ def test_missing_model_dir_is_a_clear_render_error():
 
 
 def test_inventory_overrides_win_and_say_so():
-    rendered = render(host(profile_overrides={"qwen36-ddtree": {"server": {"port": 31000}}}),
+    rendered = render(host(sglfleet_profile_overrides={"qwen36-ddtree": {"server": {"port": 31000}}}),
                       load_profile("qwen36-ddtree"), facts(), "inventory/prod.yaml")
     port = next(f for f in rendered.flags if f.name == "--port")
-    assert port.values == ["31000"] and port.source == "inventory/prod.yaml (ct129) (profile_overrides.server.port)"
+    assert port.values == ["31000"] and port.source == "inventory/prod.yaml (ct129) (sglfleet_profile_overrides.server.port)"
 
 
 def test_bad_override_and_bad_profile_are_config_errors_with_location(tmp_path):
-    with pytest.raises(ConfigError, match="profile_overrides for qwen36-ddtree from .*server.port"):
-        render(host(profile_overrides={"qwen36-ddtree": {"server": {"port": "many"}}}),
+    with pytest.raises(ConfigError, match="sglfleet_profile_overrides for qwen36-ddtree from .*server.port"):
+        render(host(sglfleet_profile_overrides={"qwen36-ddtree": {"server": {"port": "many"}}}),
                load_profile("qwen36-ddtree"), facts())
     path = profile_file(tmp_path, """\
         name: typo

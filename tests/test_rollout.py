@@ -141,12 +141,12 @@ def test_worker_url_from_bind_port_and_overrides(tmp_path):
     prof = load_profile(str(profile_path))
     h = Host(name="a", address="10.0.0.5", vars={})
     assert rollout.worker_url(h, prof) == "http://10.0.0.5:30770"
-    h = Host(name="a", address="10.0.0.5", vars={"server_bind": "127.0.7.1",
-                                                  "profile_overrides": {"p": {"server": {"port": 31000}}}})
+    h = Host(name="a", address="10.0.0.5", vars={"sglfleet_server_bind": "127.0.7.1",
+                                                  "sglfleet_profile_overrides": {"p": {"server": {"port": 31000}}}})
     assert rollout.worker_url(h, prof) == "http://127.0.7.1:31000"
-    h = Host(name="a", address="10.0.0.5", vars={"router_worker_url": "http://gw-side:8000/"})
+    h = Host(name="a", address="10.0.0.5", vars={"sglfleet_router_worker_url": "http://gw-side:8000/"})
     assert rollout.worker_url(h, prof) == "http://gw-side:8000"
-    assert rollout.host_routers(Host(name="a", address="x", vars={"router_url": ["http://r1:1", "r2:2"]})) == \
+    assert rollout.host_routers(Host(name="a", address="x", vars={"sglfleet_router_url": ["http://r1:1", "r2:2"]})) == \
         ["http://r1:1", "http://r2:2"]
 
 
@@ -219,7 +219,7 @@ def router_or_skip():
 
 
 class RollLab:
-    """A private lab with a real router in front, servers deployed, an inventory with router_url."""
+    """A private lab with a real router in front, servers deployed, an inventory with sglfleet_router_url."""
 
     def __init__(self, lab, tmp: Path, port: int):
         from orchestrator.lab.router import LabRouter
@@ -229,7 +229,7 @@ class RollLab:
         self.router.stop()
         self.url = self.router.start()
         doc = yaml.safe_load(lab.inventory_path.read_text())
-        doc["all"]["vars"]["router_url"] = self.url
+        doc["all"]["vars"]["sglfleet_router_url"] = self.url
         self.inventory = tmp / "roll.yaml"
         self.write_inventory(doc)
         (tmp / "roll.known_hosts").write_text(lab.known_hosts_path.read_text())
@@ -371,8 +371,8 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     new = rl.profile("roll-a", release="b")
     before = {h: _server_pid(rl, h, str(rl.tmp / "roll-a.yaml")) for h in ("ct131", "ct132")}
     doc = yaml.safe_load(rl.inventory.read_text())
-    # ct130's server crashes on start (a stand-in knob through profile_overrides)
-    doc["all"]["hosts"]["ct130"]["profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "0.3"}}}
+    # ct130's server crashes on start (a stand-in knob through sglfleet_profile_overrides)
+    doc["all"]["hosts"]["ct130"]["sglfleet_profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "0.3"}}}
     rl.write_inventory(doc)
 
     def deploy(resume: bool) -> dict:
@@ -393,7 +393,7 @@ def test_crash_on_start_halts_reverts_and_continue_resumes(roll_lab):
     assert out["hosts"]["ct130"]["detail"]["reverted"]["healthy"] is True
     assert "exited" in out["hosts"]["ct130"]["summary"] or "exit" in out["hosts"]["ct130"]["summary"]
     # ct130 serves its previous deployment (release 1: no drift against it) and is back in the router
-    del doc["all"]["hosts"]["ct130"]["profile_overrides"]
+    del doc["all"]["hosts"]["ct130"]["sglfleet_profile_overrides"]
     rl.write_inventory(doc)
     pid, drift = _server_pid(rl, "ct130", str(rl.tmp / "roll-a.yaml"))
     assert pid and drift == [], drift
@@ -424,14 +424,14 @@ def test_a_server_that_does_not_stay_healthy_for_min_ready_is_reverted(roll_lab)
     new = rl.profile("roll-a", release="c")
     doc = yaml.safe_load(rl.inventory.read_text())
     # passes the staged health (about 2 s after it listens), then crashes: only min_ready sees it
-    doc["all"]["hosts"]["ct129"]["profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "6"}}}
+    doc["all"]["hosts"]["ct129"]["sglfleet_profile_overrides"] = {"roll-a": {"env": {"SGLFLEET_SIM_CRASH_AFTER": "6"}}}
     rl.write_inventory(doc)
     try:
         options = rollout.RolloutOptions(mode="deploy", serial=[1], min_ready=12, state_dir=rl.tmp / "runs-minready",
                                          deploy=DeployOptions(command="test"))
         out = rollout.rolling_deploy(load_inventory(str(rl.inventory)), "all", load_profile(str(new)), options)
     finally:
-        del doc["all"]["hosts"]["ct129"]["profile_overrides"]
+        del doc["all"]["hosts"]["ct129"]["sglfleet_profile_overrides"]
         rl.write_inventory(doc)
     assert out["exit_code"] == 1, json.dumps(out, indent=1, default=str)[-4000:]
     host = out["hosts"]["ct129"]

@@ -49,10 +49,10 @@ def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path:
            health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds for each health "
                                                           "stage after the port opens."),
            manager: Optional[str] = typer.Option(None, "--manager", help="systemd | supervisor (default: systemd "
-                                                 "where it is PID 1; inventory var server_manager)."),
+                                                 "where it is PID 1; inventory var sglfleet_server_manager)."),
            runs: str = typer.Option("runs", "--runs-dir", help="Where results and failure logs are stored."),
            rolling_opt: bool = typer.Option(False, "--rolling", help="One batch at a time behind the routers "
-                                            "(router_url): out, drained, deployed, healthy, back in."),
+                                            "(sglfleet_router_url): out, drained, deployed, healthy, back in."),
            batch: str = rolling.BatchOpt, max_unavailable: Optional[str] = rolling.MaxUnavailableOpt,
            max_fail_percentage: float = rolling.MaxFailOpt, drain_timeout: float = rolling.DrainOpt,
            min_ready: float = rolling.MinReadyOpt, router_timeout: float = rolling.RouterTimeoutOpt,

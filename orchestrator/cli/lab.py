@@ -31,14 +31,14 @@ def _lab() -> Lab:
 
 @lab_app.command("up")
 def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (ct129, ct130, ...)."),
-           gpu: str = typer.Option("h200", help="The GPU each host declares (lab_gpu)."),
+           gpu: str = typer.Option("h200", help="The GPU each host declares (sglfleet_lab_gpu)."),
            systemd: int = typer.Option(0, "--systemd", help="How many of the hosts (the last ones) boot real "
                                        "systemd as PID 1, each in a root of its own (an overlay: systemd's boot "
                                        "cleans /tmp, /run, /var of the root it sees); their servers run as units "
                                        "and log to journald."),
            router: bool = typer.Option(False, "--router", help="Also start a real sglang-router (installed by "
                                        "`python -m orchestrator.lab.router install`) on the lab's .254 address, "
-                                       "retries off, and write its router_url into the inventory.")) -> None:
+                                       "retries off, and write its sglfleet_router_url into the inventory.")) -> None:
     """Start the lab (idempotent) and write inventory/lab.yaml and its known_hosts."""
     lab = _lab()
     started = time.monotonic()
@@ -47,7 +47,7 @@ def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (c
         lab.check_prerequisites()
         lab_router.start()
     # A router started by an earlier `lab up --router` stays in the inventory.
-    extra = {"router_url": lab_router.url} if lab_router.running() else None
+    extra = {"sglfleet_router_url": lab_router.url} if lab_router.running() else None
     hosts = lab.up(count, gpu=gpu, extra_vars=extra, systemd=systemd)
     output.stdout.print(f"lab up: {len(hosts)} host(s) in {time.monotonic() - started:.1f}s; "
                         f"inventory {lab.inventory_path}, known_hosts {lab.known_hosts_path}")

@@ -228,7 +228,7 @@ def _smoke_cell(host: dict[str, Any]) -> str:
 def restart(pattern: str = PatternArg,
             profile: Optional[str] = typer.Argument(None, help="Profile (default: the one the hosts have deployed)."),
             rolling: bool = typer.Option(False, "--rolling", help="One batch at a time behind the routers "
-                                         "(router_url) while clients keep getting answers."),
+                                         "(sglfleet_router_url) while clients keep getting answers."),
             batch: str = BatchOpt, max_unavailable: Optional[str] = MaxUnavailableOpt,
             max_fail_percentage: float = MaxFailOpt, drain_timeout: float = DrainOpt, min_ready: float = MinReadyOpt,
             stop_grace: float = GraceOpt, router_timeout: float = RouterTimeoutOpt, resume: bool = ContinueOpt,

@@ -131,13 +131,48 @@ CONNECTION_VARS: dict[str, tuple[tuple[str, ...], Callable[[Any], Any]]] = {
     "models_dir": (("sglfleet_models_dir",), _as_str),
     "host_key_policy": (("sglfleet_host_key_policy",), _as_policy),
 }
+
+
+def _as_str_list(value: Any) -> str | list[str]:
+    items = value if isinstance(value, list) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, (str, int, float)) or v == "" for v in items):
+        raise ValueError("must be a non-empty string or a list of non-empty strings")
+    return value
+
+
+def _as_profile_overrides(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
+        raise ValueError("must map profile names to overrides, e.g. {qwen36-ddtree: {server: {port: 30001}}}")
+    return value
+
+
+def _as_manager(value: Any) -> str:
+    if value not in ("systemd", "supervisor"):
+        raise ValueError("must be systemd or supervisor")
+    return value
+
+
+# sglfleet's other settings (not connection settings; the stages read them from host.vars),
+# validated where they are written like the connection vars.
+SETTING_VARS: dict[str, Callable[[Any], Any]] = {
+    "sglfleet_server_bind": _as_str,              # the address the host's server binds
+    "sglfleet_server_command": _as_str_list,      # what runs instead of python -m sglang.launch_server
+    "sglfleet_server_command_label": _as_str,     # how render and the launch script name it
+    "sglfleet_server_manager": _as_manager,       # systemd or the detached supervisor
+    "sglfleet_profile_overrides": _as_profile_overrides,
+    "sglfleet_router_url": _as_str_list,          # the router(s) fronting the host
+    "sglfleet_router_worker_url": _as_str,        # the URL those routers know its server by
+    "sglfleet_lab_gpu": _as_str,                  # the GPU a lab host declares (smoke simulates it)
+}
 CONVERTERS = {name: convert for names, convert in CONNECTION_VARS.values() for name in names}
+CONVERTERS.update(SETTING_VARS)
 OWN_VARS = tuple(sorted(n for n in CONVERTERS if n.startswith("sglfleet_")))
 # sglfleet's settings before they had a prefix: ordinary vars now (as in Ansible), with a note.
 FORMER_NAMES = {"address": "ansible_host", "port": "ansible_port", "user": "ansible_user",
                 "identity_file": "ansible_ssh_private_key_file", "python": "ansible_python_interpreter",
                 "proxy_jump": "sglfleet_proxy_jump", "models_dir": "sglfleet_models_dir",
-                "host_key_policy": "sglfleet_host_key_policy", "connect_timeout": "ansible_timeout"}
+                "host_key_policy": "sglfleet_host_key_policy", "connect_timeout": "ansible_timeout",
+                **{name[len("sglfleet_"):]: name for name in SETTING_VARS}}
 UNUSED_VARS = {
     "ansible_password": "sglfleet authenticates with keys or the agent only, never a password",
     "ansible_ssh_pass": "sglfleet authenticates with keys or the agent only, never a password",

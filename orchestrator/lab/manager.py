@@ -158,7 +158,7 @@ class Lab:
            systemd: int = 0) -> list[LabHost]:
         """Start hosts ct129.. up to `count`; hosts already running are left alone. The last
         `systemd` of them boot systemd (a host already running keeps its kind). `extra_vars`
-        go into the inventory's `all` vars (e.g. the lab router's router_url)."""
+        go into the inventory's `all` vars (e.g. the lab router's sglfleet_router_url)."""
         if not 1 <= count <= MAX_HOSTS:
             raise ConfigError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
         if not 0 <= systemd <= count:
@@ -203,8 +203,8 @@ class Lab:
         doc = yaml.safe_load(text)
         for host in hosts:
             entry = doc["all"]["hosts"].setdefault(host.name, {}) or {}
-            entry.update(server_bind=host.address, server_command=[SIM_SERVER],
-                         server_command_label=SIM_SERVER_LABEL)
+            entry.update(sglfleet_server_bind=host.address, sglfleet_server_command=[SIM_SERVER],
+                         sglfleet_server_command_label=SIM_SERVER_LABEL)
             doc["all"]["hosts"][host.name] = entry
         self.inventory_path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
 
@@ -377,13 +377,13 @@ class Lab:
     def _write_inventory(self, hosts: list[LabHost], extra_vars: dict | None = None) -> None:
         names = [h.name for h in hosts]
         # Ansible's connection vars (an `ansible` run against this file reaches the same hosts);
-        # sglfleet's own settings carry the sglfleet_ prefix; lab_gpu is read by `smoke`.
+        # sglfleet's own settings carry the sglfleet_ prefix; sglfleet_lab_gpu is read by `smoke`.
         doc = {"all": {
             "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(self.key_path),
                      "ansible_python_interpreter": "/root/ml-env/bin/python3",
                      "sglfleet_models_dir": "/root/models", "sglfleet_host_key_policy": "strict",
                      "ansible_timeout": 5, **(extra_vars or {})},
-            "hosts": {h.name: {"ansible_host": h.address, "ansible_port": h.port, "lab_gpu": h.gpu}
+            "hosts": {h.name: {"ansible_host": h.address, "ansible_port": h.port, "sglfleet_lab_gpu": h.gpu}
                       for h in hosts},
             "children": {"gpu-fleet": {"hosts": {n: None for n in names}},
                          "lab": {"hosts": {n: None for n in names}}},

@@ -220,11 +220,11 @@ def merge(base: Any, override: Any) -> Any:
 
 
 def with_overrides(profile: Profile, overrides: dict[str, Any] | None, where: str) -> Profile:
-    """The profile with the inventory's `profile_overrides` for it applied (see README: precedence)."""
+    """The profile with the inventory's `sglfleet_profile_overrides` for it applied (see README: precedence)."""
     if not overrides:
         return profile
     if not isinstance(overrides, dict):
-        raise ConfigError(f"profile_overrides for {profile.name} from {where} must be a mapping of profile keys "
+        raise ConfigError(f"sglfleet_profile_overrides for {profile.name} from {where} must be a mapping of profile keys "
                           f"(e.g. server: {{port: 30001}}), got a {type(overrides).__name__}")
     merged = merge(profile.model.model_dump(), overrides)
     try:
@@ -232,5 +232,5 @@ def with_overrides(profile: Profile, overrides: dict[str, Any] | None, where: st
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"profile_overrides for {profile.name} from {where}: {loc}: {first['msg']}") from None
+        raise ConfigError(f"sglfleet_profile_overrides for {profile.name} from {where}: {loc}: {first['msg']}") from None
     return Profile(profile.path, model, profile.source)

@@ -310,12 +310,12 @@ class HostDeploy:
         except (RenderError, SglfleetError) as exc:
             return self.fail("render", str(exc), exit_code=getattr(exc, "exit_code", 1))
         files = render_files(rendered, self.options.stop_grace)
-        mode = self.options.manager or self.host.vars.get("server_manager") or \
+        mode = self.options.manager or self.host.vars.get("sglfleet_server_manager") or \
             ("systemd" if planned.get("systemd") else "supervisor")
         if mode not in ("systemd", "supervisor"):
-            return self.fail("plan", f"server_manager must be systemd or supervisor, got {mode!r}", exit_code=2)
+            return self.fail("plan", f"sglfleet_server_manager must be systemd or supervisor, got {mode!r}", exit_code=2)
         if mode == "systemd" and not planned.get("systemd"):
-            return self.fail("plan", f"{self.host.name}: server_manager is systemd but PID 1 there is not systemd")
+            return self.fail("plan", f"{self.host.name}: sglfleet_server_manager is systemd but PID 1 there is not systemd")
         desired = {"release": planned["inspect"].get("current"), "argv_hash": digest(json.dumps(rendered.command)),
                    "env_hash": digest(files["env"]),
                    "files_hash": digest(files["launch_script"] + files["env"] + files["unit"])}

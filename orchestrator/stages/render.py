@@ -5,8 +5,8 @@
     -> checked against the flags the host's SGLang accepts -> templates/*.j2
 
 Host vars that change what runs (inventory; `lab up` writes both for lab hosts):
-    server_bind     the address this host's server binds, over the profile's server.host
-    server_command  what runs instead of `PYTHON -m sglang.launch_server` (a list or a string),
+    sglfleet_server_bind     the address this host's server binds, over the profile's server.host
+    sglfleet_server_command  what runs instead of `PYTHON -m sglang.launch_server` (a list or a string),
                     e.g. the lab's stand-in; shown as such in the launch script and in `render`
 
 Every value reaches the files through one filter per format: `shell_quote`/`shell_join` (the
@@ -67,7 +67,7 @@ class Rendered:
     env: dict[str, str]
     facts: dict[str, Any] = field(repr=False)
     # What runs the flags: [python, -m, sglang.launch_server] unless the inventory's
-    # server_command says otherwise (the lab's stand-in), with where that came from.
+    # sglfleet_server_command says otherwise (the lab's stand-in), with where that came from.
     launcher: list[str] | None = None
     launcher_source: str = "SGLang (python -m sglang.launch_server)"
     bind: str = "127.0.0.1"
@@ -174,7 +174,7 @@ class _Sources:
         for key in keys:
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:
-            return f"{self.where} (profile_overrides.{dotted})"
+            return f"{self.where} (sglfleet_profile_overrides.{dotted})"
         node, line = self.profile.source, None
         for key in keys:
             if not hasattr(node, "line_of") or key not in node:
@@ -189,11 +189,11 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
     """The launch command and files for `host`. `check_flags=False` skips the check against the
     flags the host's SGLang accepts NOW: deploy renders before it pushes the patchset that adds
     flags, and the smoke probe then runs SGLang's own parser on the pushed code."""
-    all_overrides = host.vars.get("profile_overrides") or {}
+    all_overrides = host.vars.get("sglfleet_profile_overrides") or {}
     where = f"{inventory_path} ({host.name})"
     if not isinstance(all_overrides, dict):
-        raise RenderError(f"{where}: profile_overrides must be a mapping of profile names to overrides "
-                          f"(profile_overrides: {{{profile.name}: {{server: {{port: 30001}}}}}}), "
+        raise RenderError(f"{where}: sglfleet_profile_overrides must be a mapping of profile names to overrides "
+                          f"(sglfleet_profile_overrides: {{{profile.name}: {{server: {{port: 30001}}}}}}), "
                           f"got a {type(all_overrides).__name__}")
     overrides = all_overrides.get(profile.name)
     profile = with_overrides(profile, overrides, where)
@@ -249,28 +249,28 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
 
 
 def _bind(host: Host, p: Any, src: _Sources, inventory_path: str) -> tuple[str, str]:
-    """The address the server binds: the host's server_bind over the profile's server.host.
+    """The address the server binds: the host's sglfleet_server_bind over the profile's server.host.
     Lab hosts share one network namespace, so a wildcard bind there is refused."""
     bind, source = p.server.host, src("server", "host")
-    if host.vars.get("server_bind"):
-        bind, source = str(host.vars["server_bind"]), f"{inventory_path} ({host.name}: server_bind)"
-    if "lab_gpu" in host.vars and bind in WILDCARD_BINDS:
+    if host.vars.get("sglfleet_server_bind"):
+        bind, source = str(host.vars["sglfleet_server_bind"]), f"{inventory_path} ({host.name}: sglfleet_server_bind)"
+    if "sglfleet_lab_gpu" in host.vars and bind in WILDCARD_BINDS:
         raise RenderError(f"{host.name} is a lab host and would bind {bind} (from {source}): lab hosts share one "
                           f"network namespace, so {bind}:{p.server.port} would take the port on every lab address "
-                          f"at once. Each lab host binds its own address: set server_bind: {host.address} on it "
+                          f"at once. Each lab host binds its own address: set sglfleet_server_bind: {host.address} on it "
                           f"(`sglfleet lab up` writes it; an inventory from an older lab lacks it)")
     return bind, source
 
 
 def _launcher(host: Host, inventory_path: str) -> tuple[list[str] | None, str]:
-    command = host.vars.get("server_command")
+    command = host.vars.get("sglfleet_server_command")
     if not command:
         return None, "SGLang (python -m sglang.launch_server)"
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     if not argv:
-        raise RenderError(f"{inventory_path} ({host.name}): server_command is empty")
-    label = str(host.vars.get("server_command_label") or "server_command")
-    return argv, f"{inventory_path} ({host.name}: server_command): {label}"
+        raise RenderError(f"{inventory_path} ({host.name}): sglfleet_server_command is empty")
+    label = str(host.vars.get("sglfleet_server_command_label") or "sglfleet_server_command")
+    return argv, f"{inventory_path} ({host.name}: sglfleet_server_command): {label}"
 
 
 def _hybrid_flags(p: Any, model: dict[str, Any], options: list[str], src: _Sources) -> list[Flag]:

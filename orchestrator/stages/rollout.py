@@ -14,7 +14,7 @@ Per host, in its batch (the batch's hosts in parallel, each taking a capacity sl
                   vouches for it (smoke_vouched: that release, argv and environment passed it when
                   deployed); in restart mode the next batch prepares while this one is out
     take out      (right before the launch stops the old server) remove the worker from every
-                  router fronting it (`router_url`), wait until none lists it; wait until its
+                  router fronting it (`sglfleet_router_url`), wait until none lists it; wait until its
                   in-flight requests (/metrics) reach 0, bounded by `drain_timeout`
     replace       HostDeploy's launch: SIGTERM, SGLang's drain, SIGKILL after `stop_grace`; start;
                   staged health (alive, port, /health, /health_generate, /generate, /server_info);
@@ -154,8 +154,8 @@ def batch_halts(failed: int, size: int, max_fail_percentage: float) -> bool:
 
 
 def host_routers(host: Host) -> list[str]:
-    """`router_url` (one URL or a list) from the host's merged vars."""
-    value = host.vars.get("router_url") or host.vars.get("router_urls")
+    """`sglfleet_router_url` (one URL or a list) from the host's merged vars."""
+    value = host.vars.get("sglfleet_router_url")
     if not value:
         return []
     urls = [value] if isinstance(value, str) else list(value)
@@ -163,15 +163,15 @@ def host_routers(host: Host) -> list[str]:
 
 
 def worker_url(host: Host, profile: Profile) -> str:
-    """How a router reaches the host's server: `router_worker_url`, else http://BIND:PORT with the
-    profile (and the host's profile_overrides) and server_bind, a wildcard bind meaning the host's
+    """How a router reaches the host's server: `sglfleet_router_worker_url`, else http://BIND:PORT with the
+    profile (and the host's sglfleet_profile_overrides) and sglfleet_server_bind, a wildcard bind meaning the host's
     address."""
-    if host.vars.get("router_worker_url"):
-        return normalize_url(str(host.vars["router_worker_url"]))
-    overrides = (host.vars.get("profile_overrides") or {}).get(profile.name) if \
-        isinstance(host.vars.get("profile_overrides"), dict) else None
+    if host.vars.get("sglfleet_router_worker_url"):
+        return normalize_url(str(host.vars["sglfleet_router_worker_url"]))
+    overrides = (host.vars.get("sglfleet_profile_overrides") or {}).get(profile.name) if \
+        isinstance(host.vars.get("sglfleet_profile_overrides"), dict) else None
     p = with_overrides(profile, overrides, host.name).model
-    bind = str(host.vars.get("server_bind") or p.server.host)
+    bind = str(host.vars.get("sglfleet_server_bind") or p.server.host)
     if bind in WILDCARD_BINDS:
         bind = host.address
     if ":" in bind and not bind.startswith("["):

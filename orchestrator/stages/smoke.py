@@ -89,5 +89,5 @@ def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str |
 
 
 def simulate_for(host: Any, simulate: str | None) -> str | None:
-    """--simulate wins; lab hosts validate as their declared GPU (lab_gpu) by default."""
-    return simulate or host.vars.get("lab_gpu")
+    """--simulate wins; lab hosts validate as their declared GPU (sglfleet_lab_gpu) by default."""
+    return simulate or host.vars.get("sglfleet_lab_gpu")

@@ -2,7 +2,7 @@
 """Lab stand-in for `nvidia-smi` (installed as /usr/local/bin/nvidia-smi on lab hosts).
 
 THIS IS A SIMULATION: lab hosts have no GPU. It prints a realistic listing for the GPU the host
-declares (/var/lib/sglfleet-lab/gpu, written from the inventory's `lab_gpu`; SGLFLEET_LAB_GPU
+declares (/var/lib/sglfleet-lab/gpu, written from the inventory's `sglfleet_lab_gpu`; SGLFLEET_LAB_GPU
 when rendering at `lab up`), and its first line
 always says it is a lab simulation. Supports the plain listing, `-L`, and
 `--query-gpu=FIELDS --format=csv[,noheader][,nounits]`.
