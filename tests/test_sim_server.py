@@ -8,6 +8,7 @@ stand-in's own promises. Deploy's use of it is in test_deploy*.py.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 import urllib.error
@@ -99,6 +100,8 @@ def test_serving_process_stays_small_and_answers_with_sglangs_resolved_args(conn
     assert b"sglang:spec_accept_length 3.40" in http(url + "/metrics")[1]
     assert json.loads(http(url + "/v1/models")[1])["data"][0]["root"] == f"{M}/Qwen3-8B"
     assert wait_for(lambda: "accept len: 3.40" in conn.run("cat /tmp/sim.log").stdout_text, timeout=10)
+    # the access log line as uvicorn writes it: the request line quoted once
+    assert re.search(r' - "GET /v1/models HTTP/1.1" 200', conn.run("cat /tmp/sim.log").stdout_text)
     conn.run(f"kill -TERM {pid}")
     assert exit_status(conn, timeout=30) == 0
 

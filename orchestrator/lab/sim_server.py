@@ -237,7 +237,7 @@ class SimServer:
             protocol_version = "HTTP/1.1"
 
             def log_message(self, fmt, *a):
-                log.info('%s - "%s"', self.address_string(), fmt % a)
+                log.info('%s - %s', self.address_string(), fmt % a)
 
             def do_GET(self):
                 server.handle(self, "GET")
