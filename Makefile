@@ -62,7 +62,7 @@ setup: sshd $(VENV)/.installed
 # commands you type next, and a lab inside a namespace is unreachable from your shell (a lab
 # started there would also be found "running" by a later `sglfleet lab up` out here, and fail).
 # It runs with the loopback guard on and only the lab's own inventory (127.0.1.N addresses).
-# The bench shares that lab (inventory/lab.yaml), so it stays out of the jail for the same reason.
+# bench/fanout.py shares that lab (inventory/lab.yaml), so it stays out of the jail for the same reason.
 demo: setup
 	$(SGLFLEET) lab up --hosts 4 --systemd 1
 	$(SGLFLEET) facts all
@@ -87,9 +87,12 @@ test: setup
 test-fast: PYTEST_ARGS += --skip-slow
 test-fast: test
 
+# fanout.py uses the demo's lab (inventory/lab.yaml), so it stays out of the jail; deploy.py and
+# rolling.py bring up labs of their own (rolling.py with the router and a client load) and run in it.
 bench: setup
 	$(PY) bench/fanout.py
-	$(PY) bench/deploy.py
+	@$(JAIL_SH); jailed $(PY) bench/deploy.py
+	@$(JAIL_SH); jailed $(PY) bench/rolling.py --down
 
 # The DDTree extension: CPU-only here; with a CUDA torch and nvcc, CUDA for sm_90 (see kernels/ddtree/README.md).
 kernels: setup
