@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from orchestrator.fleet.transport import Connection
 
 from .conftest import sglfleet
 from .direct import run_python
+from .polling import http, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 M = "/root/models"
@@ -66,16 +64,6 @@ def test_stand_in_accepts_and_rejects_exactly_as_sglang(inventory):
                 assert "unrecognized arguments" in got.stderr_text
 
 
-def http(url, data=None, timeout=5):
-    request = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return None, b""
 
 
 def start_server(conn, port, env=""):
@@ -86,14 +74,6 @@ def start_server(conn, port, env=""):
     return f"http://{conn.host.address}:{port}"
 
 
-def wait_for(predicate, timeout=90, step=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def test_server_health_api_and_graceful_drain(inventory):

@@ -10,9 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -20,6 +17,7 @@ from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
 from .private_lab import lab_fixture
+from .polling import http, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 lab = lab_fixture("sim-server", 21, hosts=1)
@@ -46,24 +44,8 @@ def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0"):
              f" > /tmp/sim.log 2>&1 < /dev/null &")
 
 
-def http(url, timeout=5):
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return None, b""
 
 
-def wait_for(predicate, timeout=120, step=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    return predicate()
 
 
 def exit_status(conn, timeout=120):
@@ -83,7 +65,7 @@ def test_serving_process_stays_small_and_answers_with_sglangs_resolved_args(conn
     url = f"http://{conn.host.address}:30000"
     start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000", "--enable-metrics"],
           "SGLFLEET_SIM_LOAD_DELAY=0 SGLFLEET_SIM_DECODE_LOG_S=0.5")
-    assert wait_for(lambda: http(url + "/health")[0] == 200), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
+    assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=120), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
     # One process left (the validation child has exited), and it is small.
     processes = wait_for(lambda: (lambda p: p if len(p) == 1 else None)(stand_ins(conn)), timeout=10)
     assert processes and len(processes) == 1, stand_ins(conn)
