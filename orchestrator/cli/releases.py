@@ -68,11 +68,11 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
          force: bool = ForceOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Show what `push` would change on each host, without changing anything (one round trip per host)."""
     inv, prof = inventory(inventory_path), load_profile(profile)
-    artifacts = prof.artifacts()
+    artifacts, builds = prof.artifacts(), kernels.candidate_keys(prof)
     plans: dict[str, Any] = {}
 
     def task(conn):
-        inspected = release.inspect(conn, artifacts, with_text=diff, also=kernels.candidate_keys(prof))
+        inspected = release.inspect(conn, artifacts, with_text=diff, also=builds)
         host_plan = release.make_plan(conn.host.name, inspected,
                                       kernels.artifacts_for_host(prof, artifacts, inspected), force)
         plans[conn.host.name] = host_plan
@@ -104,7 +104,7 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
         plan(pattern, profile, inventory_path, forks, as_json, False, force, host_key_policy)
         return
     inv, prof = inventory(inventory_path), load_profile(profile)
-    artifacts = prof.artifacts()
+    artifacts, builds = prof.artifacts(), kernels.candidate_keys(prof)
     if bwlimit is not None and bwlimit <= 0:
         raise ConfigError(f"--bwlimit must be a positive KiB/s figure, got {bwlimit}")
     release_id, command = release.new_release_id(), command_line()
@@ -116,7 +116,7 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
             outcome = release.push(conn, artifacts, release_id, command, force=force,
                                    bwlimit=bwlimit * 1024 if bwlimit else None, pace_s=pace_s,
                                    for_host=lambda inspected: kernels.artifacts_for_host(prof, artifacts, inspected),
-                                   also=kernels.candidate_keys(prof))
+                                   also=builds)
         except RemoteError as exc:
             return _refused(exc)
         return outcome.to_json()

@@ -23,7 +23,6 @@ release rolled back, the previous deployment started again and health-checked (r
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -145,9 +144,8 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
     companions = tuple(name for name in COMPANIONS if name != "release.py" or artifacts is not None)
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
-        targets = [[k, base, False, pinned] for k, base, pinned in release.targets(artifacts)]
-        targets += [[key, False, False, None] for key in dict.fromkeys(kernels.candidate_keys(profile))
-                    if key not in {t[0] for t in targets}]  # the builds per fingerprint (build-kernels)
+        # with the builds per fingerprint (build-kernels), one of which may be chosen for the host
+        targets = release.inspect_targets(artifacts, also=kernels.candidate_keys(profile))
         args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
                            "targets": targets}
     return remote_call.call(conn, SERVER, "plan", args, timeout=600, companions=companions)

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ def cached(fp: dict[str, Any]) -> Extension | None:
     if not alias.is_file():
         return None
     where = cache_dir() / alias.read_text().strip()
-    return load_extension(where) if (where / "metadata.json").is_file() else None
+    return _load(where) if (where / "metadata.json").is_file() else None
 
 
 def _store_alias(host_fp: dict[str, Any], artifact_key: str) -> None:
@@ -89,8 +90,32 @@ def _store_alias(host_fp: dict[str, Any], artifact_key: str) -> None:
 
 def cached_all() -> list[Extension]:
     base = cache_dir()
-    return [load_extension(d) for d in sorted(base.iterdir()) if (d / "metadata.json").is_file()] \
+    return [_load(d) for d in sorted(base.iterdir()) if (d / "metadata.json").is_file()] \
         if base.is_dir() else []
+
+
+_LOADED: dict[Path, tuple[tuple[int, ...], Extension]] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def _load(directory: Path) -> Extension:
+    """load_extension, once per build and process: it reads and hashes the whole module (MBs),
+    and plan, push and deploy look the cache up for every host. A rebuilt directory (its
+    metadata.json or module changed) is read again."""
+    meta = directory / "metadata.json"
+    try:
+        module = directory / str(json.loads(meta.read_text()).get("module", ""))
+        stamp = tuple(x for f in (meta, module) for x in (f.stat().st_mtime_ns, f.stat().st_size))
+    except (OSError, ValueError, AttributeError):
+        return load_extension(directory)  # its own clear error
+    with _LOADED_LOCK:
+        hit = _LOADED.get(directory)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+    extension = load_extension(directory)
+    with _LOADED_LOCK:
+        _LOADED[directory] = (stamp, extension)
+    return extension
 
 
 def for_host(inspected: dict[str, Any]) -> Extension | None:

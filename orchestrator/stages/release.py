@@ -116,15 +116,20 @@ def targets(artifacts: Artifacts) -> list[tuple[str, bool, str | None]]:
     return out
 
 
+def inspect_targets(artifacts: Artifacts, with_text: bool = False, also: list[str] = ()) -> list[list[Any]]:
+    """The inspection's targets: [key, needs the pristine base, with text, pinned sha256] per file
+    the artifacts may write, then the `also` keys (hashed only) not among them."""
+    wanted = [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)]
+    return wanted + [[k, False, False, None] for k in dict.fromkeys(also) if k not in {t[0] for t in wanted}]
+
+
 def inspect(conn: Connection, artifacts: Artifacts, recover: bool = False, command: str = "inspect",
             with_text: bool = False, also: list[str] = ()) -> dict[str, Any]:
     """With `recover` (a push about to change the host): refused while another run's deploy
     holds the host's lease, before anything is recovered or sent. `also`: more file keys to
     hash (the extension builds one of which may be chosen for the host afterwards)."""
     package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
-    wanted = [[k, base, with_text, pinned] for k, base, pinned in targets(artifacts)]
-    wanted += [[k, False, False, None] for k in dict.fromkeys(also) if k not in {t[0] for t in wanted}]
-    args = {"package": package, "targets": wanted,
+    args = {"package": package, "targets": inspect_targets(artifacts, with_text, also),
             "recover": recover, "refuse_while_deployed": recover, "holder": holder(command)}
     return call(conn, "inspect", args)
 
