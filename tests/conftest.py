@@ -81,6 +81,16 @@ def fenced_env(extra: dict | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
+def pytest_configure(config):
+    # build-kernels' cache of this checkout (build/ddtree-builds, filled by `make demo`) would make
+    # plan, push and deploy ship its builds in every test that deploys a profile with an
+    # extension: the suite starts from an empty cache of its own, as on a fresh clone (tests of
+    # the cache set their own).
+    import tempfile
+
+    os.environ["SGLFLEET_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="sglfleet-test-kernel-cache-")
+
+
 def pytest_addoption(parser):
     parser.addoption("--skip-slow", action="store_true", help="skip tests marked slow (CI runs them)")
 
