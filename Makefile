@@ -96,7 +96,7 @@ bench: setup
 
 # The DDTree extension: CPU-only here; with a CUDA torch and nvcc, CUDA for sm_90 (see kernels/ddtree/README.md).
 kernels: setup
-	$(PY) -m kernels.ddtree.build
+	PYTHONPATH=kernels $(PY) -m ddtree.build
 
 lab-down: setup
 	$(SGLFLEET) lab down

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from kernels.ddtree import e2e  # noqa: E402
+from ddtree import e2e  # noqa: E402
 from tests.test_ddtree_kernels import ext  # noqa: E402,F401
 
 

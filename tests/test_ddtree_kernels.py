@@ -18,8 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.ddtree import build as ddtree_build  # noqa: E402
-from kernels.ddtree import load, ops, reference  # noqa: E402
+from ddtree import build as ddtree_build  # noqa: E402
+from ddtree import load, ops, reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -152,7 +152,7 @@ def test_streaming_bound_keeps_the_top_k():
     """The streaming top-K's candidate rule (stream_model mirrors it): whatever the final bound
     lets through holds the row's K largest values, ties included, on bf16 rows (random, peaked,
     few distinct values), and real-looking rows stay far below the 4096 staged vectors."""
-    from kernels.ddtree import stream_model
+    from ddtree import stream_model
     for i, x in enumerate(bound_rows(seed=7, random_rows=3)):
         for k in (1, 17, 64):
             staged, kept = stream_model.stream_row(x, k)
@@ -166,7 +166,7 @@ def test_fused_row_bound_keeps_the_top_k():
     hold the row's K largest values, ties included, for the K and chunk counts the fused launch
     uses; on real-looking rows the bound is tight (few candidates past K, none near a chunk's
     slots), and with exact ties it still keeps them all (the kernel then redoes the row exactly)."""
-    from kernels.ddtree import stream_model
+    from ddtree import stream_model
     for i, x in enumerate(bound_rows(seed=11, random_rows=2)):
         for k, splits, vecs in ((1, 17, 4), (17, 17, 4), (64, 17, 4), (64, 10, 4), (256, 16, 4), (64, 8, 5), (256, 8, 5)):
             tau, per_chunk = stream_model.fused_row(x, k, splits, vecs)
@@ -229,7 +229,7 @@ def assert_model_tree(got, lp, budget, context):
 def test_register_frontier_model_matches_reference():
     """The CUDA build's algorithm (frontier_model.py mirrors fast_build) on random, tied and flat
     log-probs, B up to 256: same nodes, same order as the reference heap."""
-    from kernels.ddtree import frontier_model
+    from ddtree import frontier_model
     rng, g = random.Random(11), torch.Generator().manual_seed(11)
     for _ in range(60):
         L, B, K, kind, lp = model_case(rng, g, ["random", "dyadic", "flat"], 1000, ("random",))
@@ -243,7 +243,7 @@ def test_parallel_build_model_matches_reference():
     weight in front of the serial build. (Its generator check is a guard: no input was found where
     a chain's rounded sibling score exceeds its generator's, so no case here reaches it; dropping
     the tuple order from the positions does fail this test.)"""
-    from kernels.ddtree import frontier_model
+    from ddtree import frontier_model
     rng, g = random.Random(5), torch.Generator().manual_seed(5)
     used = 0
     for _ in range(150):

@@ -28,7 +28,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.ddtree import ops, reference  # noqa: E402
+from ddtree import ops, reference  # noqa: E402
 from tests.test_ddtree_kernels import DEVICES, assert_tree_equal, ext  # noqa: E402,F401
 
 f32 = np.float32

@@ -1,7 +1,7 @@
 """DDTree kernels: a compiled extension (CUDA + CPU) and the reference it must match.
 
-    from kernels.ddtree import load, ops
-    ext = load()                      # the built module (python -m kernels.ddtree.build)
+    from ddtree import load, ops
+    ext = load()                      # the built module (PYTHONPATH=kernels python -m ddtree.build)
     tree = ops.draft_tree(ext, logits, budget=64)
 
 `ops.py` wraps the raw ops into one call per DDTree step.
@@ -28,7 +28,7 @@ def load(path: Path | None = None):
     directory = Path(path or artifact_dir())
     meta_file = directory / "metadata.json"
     if not meta_file.exists():
-        raise ImportError(f"no DDTree extension built in {directory}; run `python -m kernels.ddtree.build`")
+        raise ImportError(f"no DDTree extension built in {directory}; run `PYTHONPATH=kernels python -m ddtree.build`")
     module_file = directory / json.loads(meta_file.read_text())["module"]
     spec = importlib.util.spec_from_file_location(EXT_NAME, module_file)
     if spec is None or spec.loader is None:

@@ -1,6 +1,6 @@
 """DDTree kernel benchmark (run on a GPU; the numbers in README.md come from an H200).
 
-    python -m kernels.ddtree.bench [--iters 200] [--json OUT.json]
+    PYTHONPATH=kernels python -m ddtree.bench [--iters 200] [--json OUT.json]
 
 For bs in {1, 8, 32, 64}, L=15, V=151936, B in {64, 256}, bf16 logits:
   (a) top-K + logsumexp            ext.topk_lse

@@ -1,13 +1,13 @@
 """Build the DDTree extension and write its artifact: the module plus metadata.json.
 
-    python -m kernels.ddtree.build [--out DIR] [--cpu-only] [--arch 9.0]
+    PYTHONPATH=kernels python -m ddtree.build [--out DIR] [--cpu-only] [--arch 9.0]
 
 With CUDA available (nvcc and a CUDA build of torch) the CUDA kernels are compiled for the
 given arch list (default sm_90, the H100/H200); otherwise a CPU-only build is made. The
 metadata's ABI fingerprint (python tag, torch version, CUDA version, arch list) is what
 `sglfleet push` matches against a host's facts before installing the artifact there.
 
-    python -m kernels.ddtree.build --check-cuda-syntax
+    PYTHONPATH=kernels python -m ddtree.build --check-cuda-syntax
 
 compiles ddtree_cuda.cu alone with nvcc (no torch needed), so a broken .cu fails CI even
 on a machine whose torch has no CUDA.

@@ -2,9 +2,9 @@
 # One device call (through the device tool): build the CUDA extension for sm_90, run the GPU
 # property tests, per-op graph timings, then the benchmark (SKIP_BENCH=1 skips it). Logs in $OUT.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 DDTREE_EXT_DIR=build/ddtree PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 DDTREE_EXT_DIR=build/ddtree PYTHONPATH=$PWD/kernels:$PWD  # the DDTree package imports as ddtree (kernels/ is its root)
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
-python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+python3 -m ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
 # PYTEST_K narrows the tests (e.g. "cuda or fused": the CPU ones already ran off the device).
 python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_*.py ${PYTEST_K:+-k "$PYTEST_K"} \
   > "$OUT/pytest.log" 2>&1
@@ -18,7 +18,7 @@ for variant in cluster counter; do
 done
 # The decode loop with a real model (transformers on the machine): bf16, then fp32 (the strict check).
 [ "${SKIP_E2E:-0}" = 1 ] || for dt in bfloat16 float32; do
-  python3 -W ignore -m kernels.ddtree.e2e --dtype $dt --json "$OUT/e2e-$dt.json" 2>&1 | tee "$OUT/e2e-$dt.log"
+  python3 -W ignore -m ddtree.e2e --dtype $dt --json "$OUT/e2e-$dt.json" 2>&1 | tee "$OUT/e2e-$dt.log"
 done
-[ "${SKIP_PROBE:-0}" = 1 ] || python3 -m kernels.ddtree.probe 2>&1 | tee "$OUT/probe.log"
-[ "${SKIP_BENCH:-0}" = 1 ] || python3 -m kernels.ddtree.bench --iters 100 --ref-iters 30 --json "$OUT/bench.json" 2>&1 | tail -12
+[ "${SKIP_PROBE:-0}" = 1 ] || python3 -m ddtree.probe 2>&1 | tee "$OUT/probe.log"
+[ "${SKIP_BENCH:-0}" = 1 ] || python3 -m ddtree.bench --iters 100 --ref-iters 30 --json "$OUT/bench.json" 2>&1 | tail -12

@@ -1,6 +1,6 @@
 """A lossless speculative greedy decode with the DDTree ops and a real `transformers` causal LM.
 
-    python -m kernels.ddtree.e2e [--device cuda] [--dtype bfloat16] [--json out.json]
+    PYTHONPATH=kernels python -m ddtree.e2e [--device cuda] [--dtype bfloat16] [--json out.json]
 
 The target is a Qwen3-style model built from a config with seeded random weights (no download);
 the drafter is a second, smaller random model (`--drafter random`), the target itself (`self`)

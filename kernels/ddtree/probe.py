@@ -1,7 +1,7 @@
 """Per-op GPU times for tuning (device only), as CUDA-graph replays (bench.graph_us), then where a
 fused launch spends its time (phase timestamps the kernel records when asked: ext._set_timeline).
 
-    DDTREE_EXT_DIR=build/ddtree python3 -m kernels.ddtree.probe [--phases | --topk | --inputs]
+    DDTREE_EXT_DIR=build/ddtree PYTHONPATH=kernels python3 -m ddtree.probe [--phases | --topk | --inputs]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Warm calls of one op at a given batch, for Nsight Compute on the device:
 
     ncu --clock-control none -k regex:topk_chunk --launch-skip 2 -c 1 --section SpeedOfLight ... \
-        python3 -m kernels.ddtree.profile_topk --bs 32
-    ncu ... -k regex:draft_kernel ... python3 -m kernels.ddtree.profile_topk --op draft --bs 1
+        PYTHONPATH=kernels python3 -m ddtree.profile_topk --bs 32
+    ncu ... -k regex:draft_kernel ... PYTHONPATH=kernels python3 -m ddtree.profile_topk --op draft --bs 1
 
 --op topk: ext.topk_lse; draft: ext.draft_tree on the fused path; build: ext.build_tree.
 """

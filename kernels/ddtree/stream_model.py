@@ -1,8 +1,8 @@
 """How many candidates the top-K bounds let through (NumPy models of the candidate rules, no GPU):
 the figures quoted in README.md come from here.
 
-    python -m kernels.ddtree.stream_model [--rows 300] [--k 64]              # the streaming top-K
-    python -m kernels.ddtree.stream_model --fused [--rows 60] [--k 64] [--splits 17]  # the fused launch
+    PYTHONPATH=kernels python -m ddtree.stream_model [--rows 300] [--k 64]              # the streaming top-K
+    PYTHONPATH=kernels python -m ddtree.stream_model --fused [--rows 60] [--k 64] [--splits 17]  # the fused launch
 
 Per row: 512 threads, 2 vectors of 8 bf16 logits per thread and step (thread t gets vectors
 u * 512 + t of the step); the bound tau is the smallest over the 16 warps of the warp's q-th

@@ -26,8 +26,11 @@ from ..errors import RemoteError
 from ..remote import REMOTE_DIR
 
 HOSTLIB = "hostlib.py"
-# Reads the header, installs hostlib as a module, hands the rest of stdin to hostlib.serve.
-BOOT = ("import sys,types;r=sys.stdin.buffer;n=r.readline().split();"
+# Drops the working directory from sys.path (`-c` puts it first: on a host that is the login
+# directory, locally wherever sglfleet was started, e.g. a checkout whose top-level folders could
+# shadow installed distributions that SGLang imports), reads the header, installs hostlib as a
+# module, hands the rest of stdin to hostlib.serve.
+BOOT = ("import sys,types;sys.path[:]=[p for p in sys.path if p];r=sys.stdin.buffer;n=r.readline().split();"
         "m=types.ModuleType('sglfleet_hostlib');m.__file__='hostlib.py';sys.modules[m.__name__]=m;"
         "exec(compile(r.read(int(n[0])),'hostlib.py','exec'),m.__dict__);"
         "m.INTERPRETER_MISSING='--interpreter-missing' in sys.argv;"

@@ -2,9 +2,10 @@
 
 Command `build` (one exec round trip, fleet/remote_call.py), args {"files": [[path, size], ...],
 "cpu_only": bool, "arch": "9.0"}; the payload is those files' bytes back to back (the
-`kernels` package's build script and sources). They are written under
-<state>/cache/kernel-build/<sources hash>/ and built there with
-`python -m kernels.ddtree.build --out DIR` (the same script `make kernels` runs). The answer:
+`ddtree` package's build script and sources). They are written under
+<state>/cache/kernel-build/<sources hash>/src/ and built there with
+`python -m ddtree.build --out DIR` (the same script `make kernels` runs); src/ holds only ddtree/,
+so nothing in the build's sys.path[0] can shadow an installed distribution. The answer:
 the metadata (with its ABI fingerprint), the module's bytes (base64) and the build's output.
 Stdlib + hostlib only, Python 3.8+.
 """
@@ -46,7 +47,7 @@ def cmd_build(args, stream):
     out = os.path.join(root, "out")
     toolkit = cuda_toolkit()
     cpu_only = args.get("cpu_only") or toolkit is None
-    argv = [sys.executable, "-m", "kernels.ddtree.build", "--out", out] + (["--cpu-only"] if cpu_only
+    argv = [sys.executable, "-m", "ddtree.build", "--out", out] + (["--cpu-only"] if cpu_only
                                                                             else ["--arch", args.get("arch", "9.0")])
     started = time.monotonic()
     env = dict(os.environ, MAX_JOBS=str(args.get("jobs") or 2))

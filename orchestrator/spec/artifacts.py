@@ -1,6 +1,6 @@
 """The two artifact kinds a push deploys: a patchset (see patchset.py) and a built extension.
 
-A built extension is the directory `python -m kernels.ddtree.build` writes: the compiled
+A built extension is the directory `PYTHONPATH=kernels python -m ddtree.build` writes: the compiled
 module plus metadata.json with its ABI fingerprint. It goes into the host's site-packages,
 and only onto hosts whose facts match the fingerprint.
 """

@@ -3,7 +3,7 @@
     fingerprints (one round trip per host: remote/release.py inspect with no targets: the
     python tag, torch and its CUDA, the GPUs) -> group the hosts by fingerprint -> per group:
     the local cache has it: nothing to do; this controller's python/torch/CUDA match: build
-    here (`python -m kernels.ddtree.build`); otherwise build on ONE host of the group
+    here (`python -m ddtree.build` from kernels/); otherwise build on ONE host of the group
     (remote/kernel_build.py: sources pushed, built with the host's torch and compiler, the
     module fetched back; one round trip) -> the cache, keyed by fingerprint:
     <cache>/<key>/{metadata.json, module}.
@@ -151,13 +151,14 @@ def artifacts_for_host(profile: Profile, artifacts: Artifacts, inspected: dict[s
 
 
 def sources() -> list[tuple[str, bytes]]:
-    """The files the build needs, relative to the directory that holds `kernels/`."""
-    out = [("kernels/__init__.py", (KERNELS / "__init__.py").read_bytes()),
-           ("kernels/ddtree/__init__.py", (KERNELS / "ddtree" / "__init__.py").read_bytes()),
-           ("kernels/ddtree/build.py", (KERNELS / "ddtree" / "build.py").read_bytes())]
+    """The files the build needs, relative to the build's own directory: the `ddtree` package
+    (kernels/ddtree) and nothing beside it, so the build process's sys.path[0] holds no other
+    top-level name that could shadow an installed distribution (Hugging Face's `kernels` is one)."""
+    out = [("ddtree/__init__.py", (KERNELS / "ddtree" / "__init__.py").read_bytes()),
+           ("ddtree/build.py", (KERNELS / "ddtree" / "build.py").read_bytes())]
     for path in sorted((KERNELS / "ddtree" / "csrc").iterdir()):
         if path.is_file():
-            out.append((f"kernels/ddtree/csrc/{path.name}", path.read_bytes()))
+            out.append((f"ddtree/csrc/{path.name}", path.read_bytes()))
     return out
 
 
@@ -185,9 +186,10 @@ def build_on_host(conn: Any, fp: dict[str, Any], arch: str = "9.0") -> dict[str,
 def build_here(fp: dict[str, Any], arch: str = "9.0") -> dict[str, Any]:
     target = cache_dir() / key(fp)
     started = time.monotonic()
-    argv = [sys.executable, "-m", "kernels.ddtree.build", "--out", str(target.resolve())]
+    argv = [sys.executable, "-m", "ddtree.build", "--out", str(target.resolve())]
     argv += ["--cpu-only"] if not fp.get("cuda_version") else ["--arch", arch]
-    proc = subprocess.run(argv, cwd=KERNELS.parent, capture_output=True, text=True)
+    # cwd kernels/: `-m` puts it first on sys.path, and it holds only the ddtree package
+    proc = subprocess.run(argv, cwd=KERNELS, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SglfleetError(f"building the extension on this controller failed:\n{proc.stdout}{proc.stderr}")
     _store_alias(fp, key(fp))

@@ -979,7 +979,7 @@ __device__ __forceinline__ void scan_chunk(const T* __restrict__ x, int len, uin
 
 // How the fused launch bounds a row (draft_layout picks them): each warp offers its qw largest
 // per-thread maxima, each CTA publishes the qc largest of those, and a CTA writes at most `cap`
-// candidates (more: the row is redone exactly). Model: `python -m kernels.ddtree.stream_model --fused`.
+// candidates (more: the row is redone exactly). Model: `PYTHONPATH=kernels python -m ddtree.stream_model --fused`.
 struct RowBound {
   int qw, qc, cap;
 };

@@ -22,7 +22,7 @@ for arg in "$@"; do
 done
 pids=()
 for i in "${!names[@]}"; do
-  (cd "${dirs[$i]}" && PYTHONPATH="${dirs[$i]}" python3 -m kernels.ddtree.build --out "${dirs[$i]}/build/ddtree" \
+  (cd "${dirs[$i]}" && PYTHONPATH="${dirs[$i]}/kernels" python3 -m ddtree.build --out "${dirs[$i]}/build/ddtree" \
     > "$OUT/build-${names[$i]}.log" 2>&1) &
   pids+=($!)
 done

@@ -11,12 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # kernels/: the import name is ddtree
 
 import torch  # noqa: E402
 
-from kernels.ddtree import load, ops  # noqa: E402
-from kernels.ddtree.bench import L, V, graph_us  # noqa: E402
+from ddtree import load, ops  # noqa: E402
+from ddtree.bench import L, V, graph_us  # noqa: E402
 
 
 def main() -> None:

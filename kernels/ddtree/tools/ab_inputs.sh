@@ -12,11 +12,11 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ddtree-out}; mkdir -p "$OUT"
 base=$(mktemp -d)
 cp -r kernels "$base/" && cp "$BASE_CU" "$base/kernels/ddtree/csrc/ddtree_cuda.cu"
-(cd "$base" && PYTHONPATH="$base" python3 -m kernels.ddtree.build --out "$base/build" > "$OUT/build-base.log" 2>&1) &
-PYTHONPATH=$PWD python3 -m kernels.ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+(cd "$base" && PYTHONPATH="$base/kernels" python3 -m ddtree.build --out "$base/build" > "$OUT/build-base.log" 2>&1) &
+PYTHONPATH=$PWD/kernels python3 -m ddtree.build --out build/ddtree > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 wait
 [ -f "$base/build/metadata.json" ] || { tail -30 "$OUT/build-base.log"; exit 1; }
-inputs() { (cd "$2" && DDTREE_EXT_DIR=$3 PYTHONPATH=$2 python3 -m kernels.ddtree.probe --inputs > "$OUT/inputs-$1.txt" 2>&1); }
+inputs() { (cd "$2" && DDTREE_EXT_DIR=$3 PYTHONPATH=$2/kernels python3 -m ddtree.probe --inputs > "$OUT/inputs-$1.txt" 2>&1); }
 graphs() { (cd "$2" && DDTREE_EXT_DIR=$3 python3 "$PWD/kernels/ddtree/tools/ab_graph.py" > "$OUT/graph-$1.txt" 2>&1); }
 for round in 1 2; do
   inputs "base$round" "$base" "$base/build"

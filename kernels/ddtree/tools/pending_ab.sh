@@ -35,7 +35,7 @@ case "${1:-}" in
     for d in "$work"/*/; do d=${d%/}; args+=("$(basename "$d")=$d"); done
     AB_SHAPES=${AB_SHAPES:-1x64,1x256,64x64,64x256} bash kernels/ddtree/tools/ab_builds.sh "${args[@]}" all=. |
       tee "$OUT/ab.txt"
-    export DDTREE_EXT_DIR=$root/build/ddtree PYTHONPATH=$root
+    export DDTREE_EXT_DIR=$root/build/ddtree PYTHONPATH=$root/kernels:$root
     python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py tests/test_ddtree_batch_invariance.py \
       tests/test_ddtree_sibling_order.py -k "cuda or fused or many_rows or composed or batch or sibling or graph" \
       > "$OUT/pytest.log" 2>&1
