@@ -137,8 +137,7 @@ def logs_command(pattern: str = PatternArg, profile: Optional[str] = ProfileOpt,
             try:
                 states = follower.run()
             except KeyboardInterrupt:
-                follower.stop.set()
-                states = follower.states
+                states = follower.shut()
             store.save(group.hosts, {n: s for n, s in states.items() if s.error is None})
             failed = [n for n, s in states.items() if s.error is not None]
             printer.finish(states, 1 if failed else 0, command_line="logs -f")

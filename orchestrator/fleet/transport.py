@@ -180,9 +180,11 @@ class Connection:
         return self._fabric.transport
 
     def close(self) -> None:
-        if self._fabric is not None:
-            self._fabric.close()
-            self._fabric = None
+        # Swapped out first: `logs -f` closes a connection from its host's thread (a dropped
+        # read) and from the main thread (Ctrl-C) at once; a closed fabric may be closed twice.
+        fabric, self._fabric = self._fabric, None
+        if fabric is not None:
+            fabric.close()
 
     def __enter__(self) -> "Connection":
         return self

@@ -211,17 +211,33 @@ class Follower:
     wait_s: float = WAIT_S
     stop: threading.Event = field(default_factory=threading.Event)
     states: dict[str, HostRead] = field(default_factory=dict)
+    threads: list[threading.Thread] = field(default_factory=list)
 
     def run(self) -> dict[str, HostRead]:
-        threads = [threading.Thread(target=self._host, args=(c,), daemon=True) for c in self.conns]
-        for thread in threads:
+        self.threads = [threading.Thread(target=self._host, args=(c,), daemon=True) for c in self.conns]
+        for thread in self.threads:
             thread.start()
         try:
-            while any(t.is_alive() for t in threads):
-                for thread in threads:
+            while any(t.is_alive() for t in self.threads):
+                for thread in self.threads:
                     thread.join(0.2)
         finally:
             self.stop.set()
+        return self.states
+
+    def shut(self, timeout: float = 5.0) -> dict[str, HostRead]:
+        """After Ctrl-C: stop, close every connection (which ends the long-poll reads under way)
+        and give each host's thread `timeout` s to leave, so the states are final when reported;
+        a thread still reconnecting is a daemon and ends with the process."""
+        self.stop.set()
+        for conn in self.conns:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a dead transport may fail to close
+                pass
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         return self.states
 
     def _host(self, conn: Any) -> None:
@@ -234,6 +250,8 @@ class Follower:
                                                                   tail=first),
                             timeout=self.wait_s + 60)
             except RemoteError as exc:
+                if self.stop.is_set():  # Ctrl-C closed the connections under the call: not the host's doing
+                    break
                 if exc.error_type == "NoAnswer":  # the connection died under the call
                     lost = self._lost(conn, exc, lost)
                     backoff = self._pause(backoff)
