@@ -321,10 +321,12 @@ def test_fused_draft_tree(ext, bs, L, V, B, kind, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the composed CUDA path")
-def test_composed_draft_tree_many_rows(ext):
-    """bs=10, L=15 (150 rows): the streaming top-K on random and tied logits, then the standalone
-    build (parallel, serial behind it), in a graph."""
-    bs, L, V, B = 10, 15, 151936, 64
+@pytest.mark.parametrize("B", [64, 100, 256])
+def test_composed_draft_tree_many_rows(ext, B):
+    """bs=10, L=15 (150 rows): the streaming (K = 64) or chunk top-K on random and tied logits, then
+    the tree and mask from one launch (the parallel build, serial behind it, at every B <= 256),
+    in a graph; the mask also equals the standalone mask op's on that tree."""
+    bs, L, V = 10, 15, 151936
     static = make_logits(bs, L, V, "random", seed=3, dtype=torch.bfloat16).cuda()
     graph = torch.cuda.CUDAGraph()
     ext.draft_tree(static, B, B, True, "composed")
@@ -341,6 +343,8 @@ def test_composed_draft_tree_many_rows(ext):
         tree.vis, tree.vis_packed = out[10].cpu(), out[11].cpu()
         for b in range(bs):
             assert_tree_equal(tree, b, reference.build_tree(ids[b], lp[b], B), B)
+        vis, packed = ext.build_mask(out[7], out[3])
+        assert torch.equal(vis.cpu(), tree.vis) and torch.equal(packed.cpu(), tree.vis_packed), seed
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")

@@ -40,7 +40,7 @@ from ..fleet.group import stopping
 from ..remote.hostlib import server_paths
 from ..spec.profile import Artifacts, Profile
 from . import health as health_stage
-from . import kernels, release
+from . import kernels, release, runs
 from .render import Rendered, RenderError, render
 from .smoke import diagnose, run_probe, simulate_for
 
@@ -532,11 +532,11 @@ def _running_summary(running: dict[str, Any]) -> dict[str, Any]:
 
 def store(directory: Path, host: str, document: dict[str, Any]) -> None:
     """<host>.json whole; the server's log and the probe's traceback also as plain files."""
-    (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    runs.write_json(directory / f"{host}.json", document)
     if document.get("server_log"):
-        (directory / f"{host}.server.log").write_text(document["server_log"])
+        runs.write_text(directory / f"{host}.server.log", document["server_log"])
     if document.get("traceback"):
-        (directory / f"{host}.traceback.txt").write_text(document["traceback"])
+        runs.write_text(directory / f"{host}.traceback.txt", document["traceback"])
 
 
 # ---------------------------------------------------------------- status and stop

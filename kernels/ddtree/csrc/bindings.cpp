@@ -80,7 +80,10 @@ std::vector<at::Tensor> topk_lse(const at::Tensor& logits, int64_t k) {
   return {ids, lp, lse};
 }
 
-std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logprobs, int64_t budget) {
+// The tree of each request from its top-K, and with `with_mask` (CUDA only) its mask from the
+// same launch: {num_nodes, tokens, depths, ranks, parents, first_child, next_sibling[, vis, packed]}.
+std::vector<at::Tensor> build_tree_outputs(const at::Tensor& ids, const at::Tensor& logprobs, int64_t budget,
+                                           bool with_mask) {
   DDTREE_CHECK(ids.dim() == 3 && logprobs.sizes() == ids.sizes(), "ids and logprobs must be [bs, L, K]");
   DDTREE_CHECK(ids.scalar_type() == at::kLong && logprobs.scalar_type() == at::kFloat, "ids int64, logprobs float32");
   DDTREE_CHECK(ids.device() == logprobs.device(), "ids and logprobs on one device");
@@ -100,6 +103,19 @@ std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logp
   auto id = ids.contiguous();
   auto lp = logprobs.contiguous();
   if (id.is_cuda()) {
+    if (with_mask) {
+      const int64_t side = budget + 1, words = (side + 31) / 32;
+      auto vis = at::empty({bs, side, side}, ids.options().dtype(at::kBool));
+      auto packed = at::empty({bs, side, words}, i32);
+      check_cuda(ddtree::build_tree_mask_cuda(
+                     id.data_ptr<int64_t>(), lp.data_ptr<float>(), int(bs), int(depth), int(k), int(budget),
+                     num_nodes.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(), depths.data_ptr<int32_t>(),
+                     ranks.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), first_child.data_ptr<int32_t>(),
+                     next_sibling.data_ptr<int32_t>(), vis.data_ptr<bool>(),
+                     reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>()), stream_of(id)),
+                 "build_tree");
+      return {num_nodes, tokens, depths, ranks, parents, first_child, next_sibling, vis, packed};
+    }
     check_cuda(ddtree::build_tree_cuda(id.data_ptr<int64_t>(), lp.data_ptr<float>(), int(bs), int(depth), int(k),
                                        int(budget), num_nodes.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(),
                                        depths.data_ptr<int32_t>(), ranks.data_ptr<int32_t>(),
@@ -107,12 +123,17 @@ std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logp
                                        next_sibling.data_ptr<int32_t>(), stream_of(id)),
                "build_tree");
   } else {
+    DDTREE_CHECK(!with_mask, "the tree and mask in one call are CUDA only");
     ddtree::build_tree_cpu(id.data_ptr<int64_t>(), lp.data_ptr<float>(), int(bs), int(depth), int(k), int(budget),
                            num_nodes.data_ptr<int32_t>(), tokens.data_ptr<int64_t>(), depths.data_ptr<int32_t>(),
                            ranks.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), first_child.data_ptr<int32_t>(),
                            next_sibling.data_ptr<int32_t>());
   }
   return {num_nodes, tokens, depths, ranks, parents, first_child, next_sibling};
+}
+
+std::vector<at::Tensor> build_tree(const at::Tensor& ids, const at::Tensor& logprobs, int64_t budget) {
+  return build_tree_outputs(ids, logprobs, budget, false);
 }
 
 std::vector<at::Tensor> build_mask(const at::Tensor& parents, const at::Tensor& num_nodes) {
@@ -217,8 +238,13 @@ std::vector<at::Tensor> draft_tree(const at::Tensor& logits, int64_t budget, int
   }
 #endif
   auto top = topk_lse(logits, k);
-  auto tree = build_tree(top[0], top[1], budget);
   std::vector<at::Tensor> out = {top[0], top[1], top[2]};
+  if (with_mask && logits.is_cuda()) {  // tree and mask from one launch
+    auto tree = build_tree_outputs(top[0], top[1], budget, true);
+    out.insert(out.end(), tree.begin(), tree.end());
+    return out;
+  }
+  auto tree = build_tree(top[0], top[1], budget);
   out.insert(out.end(), tree.begin(), tree.end());
   if (with_mask) {
     auto mask = build_mask(tree[4], tree[0]);

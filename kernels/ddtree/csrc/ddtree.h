@@ -86,6 +86,11 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
                     int32_t* first_child, int32_t* next_sibling, void* stream);
 int build_mask_cuda(const int32_t* parents, const int32_t* num_nodes, int bs, int budget, bool* vis,
                     uint32_t* vis_packed, void* stream);
+// build_tree_cuda and build_mask_cuda of its output in one (where the fast build serves, K and
+// B <= 256, one launch): the composed draft_tree's second step.
+int build_tree_mask_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
+                         int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
+                         int32_t* first_child, int32_t* next_sibling, bool* vis, uint32_t* vis_packed, void* stream);
 int verify_cuda(const int64_t* posterior, const int64_t* tokens, const int32_t* parents,
                 const int32_t* num_nodes, int bs, int budget, int max_accept, int32_t* accepted,
                 int32_t* accept_len, int64_t* bonus, void* stream);

@@ -181,9 +181,14 @@ __device__ __forceinline__ float lane_sum(const uint4& raw, float m, bool valid)
   return p;
 }
 
-// The warp's largest value, through keys: -0 and +0 give +0, so it is one value whatever the order.
+// The warp's largest value by a signed max of order-preserving ints (the bits, magnitude flipped
+// for negatives: two instructions each way; -0 < +0, so the max is one value whatever the order).
+__device__ __forceinline__ int ordered_int(float v) {
+  const int b = __float_as_int(v);
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
 __device__ __forceinline__ float warp_max_value(float v) {
-  return KeyTraits<float>::value(__reduce_max_sync(kFull, KeyTraits<float>::key(v)));
+  return __int_as_float(ordered_int(__int_as_float(__reduce_max_sync(kFull, ordered_int(v)))));
 }
 
 // One segment's partial from its warp: raw is this lane's vector (elements past the row -inf),
@@ -651,17 +656,25 @@ __device__ void merge_lists(const unsigned long long* buf, int lists, int len, i
   }
 }
 
-// The chunk lists of a row from global memory (`in`, `stats`: this row's; loads through L2 with
+// The chunk lists of a row from global memory (`in`, `segs`: this row's; loads through L2 with
 // __ldcg, since in the fused kernel other CTAs wrote them during this launch) -> its top-K.
-// buf holds splits * k + kMergeCap entries. All threads call it.
+// buf holds splits * k + kMergeCap entries, seg_buf n_seg partials. All threads call it.
+// The segment partials are staged by the whole CTA (one round of loads in flight) before warp 0
+// combines them: warp 0 loading them itself made two passes of ~n_seg / 32 (19 at V = 151936,
+// bf16) L2 round trips, few in flight, per merge CTA. Same values, same order: the same bits.
 template <typename Decode>
 __device__ void merge_row(const unsigned long long* in, const float2* segs, int n_seg, int splits, int k,
-                          unsigned long long* buf, float& lse_s, Decode decode, int64_t* out_ids, float* out_lp,
-                          float* out_lse) {
+                          unsigned long long* buf, float2* seg_buf, float& lse_s, Decode decode, int64_t* out_ids,
+                          float* out_lp, float* out_lse) {
   const int n = splits * k;
   for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = __ldcg(in + i);
+  if (seg_buf != nullptr) {  // null: too many segments to stage (the launcher's kSegStageMax)
+    for (int j = threadIdx.x; j < n_seg; j += blockDim.x) seg_buf[j] = __ldcg(segs + j);
+    __syncthreads();
+  }
   if (threadIdx.x < 32) {
-    const float lse = segment_lse(n_seg, [&](int j) { return __ldcg(segs + j); });
+    const float lse = seg_buf != nullptr ? segment_lse(n_seg, [&](int j) { return seg_buf[j]; })
+                                         : segment_lse(n_seg, [&](int j) { return __ldcg(segs + j); });
     if (threadIdx.x == 0) lse_s = lse;
   }
   __syncthreads();
@@ -672,7 +685,8 @@ __device__ void merge_row(const unsigned long long* in, const float2* segs, int 
 template <typename T>
 __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned long long* __restrict__ ws_cand,
                                                                   const float2* __restrict__ ws_seg, int n_seg,
-                                                                  int splits, int k, int64_t* __restrict__ out_ids,
+                                                                  int splits, int k, bool stage_segs,
+                                                                  int64_t* __restrict__ out_ids,
                                                                   float* __restrict__ out_lp,
                                                                   float* __restrict__ out_lse) {
   using Traits = KeyTraits<T>;
@@ -680,7 +694,8 @@ __global__ void __launch_bounds__(kTopkThreads) topk_merge_kernel(const unsigned
   __shared__ float lse_s;
   const int64_t row = blockIdx.x;
   const uint32_t mask = Traits::kBits == 32 ? 0xFFFFFFFFu : 0xFFFFu;
-  merge_row(ws_cand + row * int64_t(splits) * k, ws_seg + row * n_seg, n_seg, splits, k, merge_buf, lse_s,
+  merge_row(ws_cand + row * int64_t(splits) * k, ws_seg + row * n_seg, n_seg, splits, k, merge_buf,
+            stage_segs ? reinterpret_cast<float2*>(merge_buf + int64_t(splits) * k + kMergeCap) : nullptr, lse_s,
             [&](unsigned long long c) { return Traits::value(~uint32_t(c >> 32) & mask); }, out_ids + row * k,
             out_lp + row * k, out_lse + row);
 }
@@ -725,15 +740,19 @@ cudaError_t allow_smem_once() {
 }
 
 // The row merge after a kernel that wrote `plan.splits` lists per row (the chunk or the
-// streaming kernel): one CTA per row.
+// streaming kernel): one CTA per row. Rows of up to kSegStageMax segment partials (32 KB; V =
+// 151936 has 594 in 16-bit, 1187 in fp32) are staged in shared memory for the logsumexp.
+constexpr int kSegStageMax = 4096;
 template <typename T>
 int launch_topk_merge(const TopkPlan& plan, int64_t rows, int k, const unsigned long long* ws_cand,
                       const float2* ws_seg, int n_seg, int64_t* ids, float* lp, float* lse, cudaStream_t stream) {
-  const size_t merge_smem = (size_t(plan.splits) * k + kMergeCap) * sizeof(unsigned long long);
+  const bool stage_segs = n_seg <= kSegStageMax;
+  const size_t merge_smem =
+      (size_t(plan.splits) * k + kMergeCap + (stage_segs ? size_t(n_seg) : 0)) * sizeof(unsigned long long);
   const cudaError_t err = allow_smem_once<topk_merge_kernel<T>>();
   if (err != cudaSuccess) return err;
-  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(ws_cand, ws_seg, n_seg,
-                                                                                   plan.splits, k, ids, lp, lse);
+  topk_merge_kernel<T><<<dim3(unsigned(rows)), kTopkThreads, merge_smem, stream>>>(
+      ws_cand, ws_seg, n_seg, plan.splits, k, stage_segs, ids, lp, lse);
   return cudaGetLastError();
 }
 
@@ -1309,13 +1328,21 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamCtasPerSm)
   auto absorb = [&](int i, const uint4 (&raw)[kStreamVecs], float (&vm)[kStreamVecs]) {  // -inf past the item
     const int s0 = (i * kStreamVecs) * kStreamThreads + warp * 32;  // the first segment's first vector
     const int s1 = s0 + kStreamThreads;
+    if (s1 + 32 <= nvec) {  // both segments whole (uniform; all but a row's last steps): no checks
+      vm[0] = vec_max<T>(raw[0]);
+      vm[1] = vec_max<T>(raw[1]);
+      const float2 part = segment_partial2<T>(raw[0], vm[0], true, raw[1], vm[1], true);
+      if ((lane & 15) == 0) seg_out[s0 / 32 + lane] = part;  // lane 16: segment s1 / 32 = s0 / 32 + 16
+      m = fmaxf(m, fmaxf(vm[0], vm[1]));
+      return;
+    }
     const bool mine0 = s0 + lane < nvec, mine1 = s1 + lane < nvec;
     vm[0] = mine0 ? vec_max<T>(raw[0]) : -INFINITY;
     vm[1] = mine1 ? vec_max<T>(raw[1]) : -INFINITY;
     if (s0 < nvec) {  // uniform over the warp
       const float2 part = segment_partial2<T>(raw[0], vm[0], mine0, raw[1], vm[1], mine1);
-      if (lane == 0) seg_out[s0 / 32] = part;
-      if (lane == 16 && s1 < nvec) seg_out[s1 / 32] = part;
+      // Lane 0 holds segment s0 / 32, lane 16 segment s1 / 32 = s0 / 32 + 16: one store.
+      if ((lane & 15) == 0 && (lane == 0 || s1 < nvec)) seg_out[s0 / 32 + lane] = part;
     }
     m = fmaxf(m, fmaxf(vm[0], vm[1]));
   };
@@ -1487,13 +1514,6 @@ __device__ inline BuildSmem carve_build_smem(unsigned char* base, int depth_limi
   w.key = reinterpret_cast<RankKey*>(base + off); off += align16(size_t(kSelectCap) * sizeof(RankKey));
   w.flags = reinterpret_cast<int*>(base + off);
   return s;
-}
-
-// The request's log-probs into s.lp and the links reset, by `stride` threads from `tid`.
-__device__ __forceinline__ void stage_build(const BuildSmem& s, const float* logprobs, int L, int k, int budget,
-                                            int tid, int stride) {
-  stage_floats(s.lp, logprobs, L * k, tid, stride);
-  for (int i = tid; i <= budget; i += stride) { s.par[i] = -1; s.fc[i] = -1; s.ns[i] = -1; }
 }
 
 __device__ __forceinline__ uint32_t score_key(float s) { return KeyTraits<float>::key(s); }
@@ -2289,7 +2309,11 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
 #endif
 }
 
-// The build alone on the fast path (build_tree op): one CTA per request (build_request).
+// The build alone on the fast path (build_tree op), and with vis non-null the mask too (the
+// composed draft_tree past the fused launch's rows): one CTA per request (build_and_write, the
+// fused launch's own build and mask writer, so the trees and masks are the same code's).
+// (The composed path used to launch the shared-memory heap at B > 64 and a mask kernel of one
+// thread per 32-column word writing single bytes: at bs=64, B=256, 175 + 47 us.)
 template <int F>
 __global__ void __launch_bounds__(kTopkThreads) fast_build_kernel(const int64_t* __restrict__ ids,
                                                         const float* __restrict__ logprobs, int L, int k, int budget,
@@ -2297,15 +2321,16 @@ __global__ void __launch_bounds__(kTopkThreads) fast_build_kernel(const int64_t*
                                                         int32_t* __restrict__ depths, int32_t* __restrict__ ranks,
                                                         int32_t* __restrict__ parents,
                                                         int32_t* __restrict__ first_child,
-                                                        int32_t* __restrict__ next_sibling) {
+                                                        int32_t* __restrict__ next_sibling, bool* __restrict__ vis,
+                                                        uint32_t* __restrict__ vis_packed) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   ChunkShared& sh = *reinterpret_cast<ChunkShared*>(smem_raw);
   const int b = blockIdx.x;
-  const BuildSmem s = carve_build_smem(smem_raw + align16(sizeof(ChunkShared)), L, k, budget);
-  stage_build(s, logprobs + int64_t(b) * L * k, L, k, budget, threadIdx.x, blockDim.x);
-  __syncthreads();
-  const int n = build_request<F>(sh, s, L, k, budget);
-  write_tree(s, n, b, L, k, budget, ids, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+  unsigned char* extra = smem_raw + align16(sizeof(ChunkShared));
+  const BuildSmem s = carve_build_smem(extra, L, k, budget);
+  stage_floats(s.lp, logprobs + int64_t(b) * L * k, L * k, threadIdx.x, blockDim.x);
+  build_and_write<F>(sh, s, extra, b, L, k, budget, ids, num_nodes, tokens, depths, ranks, parents, first_child,
+                     next_sibling, vis, vis_packed, nullptr);
 }
 
 // ------------------------------------------------------------------ visibility mask
@@ -2663,7 +2688,9 @@ bool draft_fast_path(int k, int budget) { return k <= kFastMaxK && budget <= kFa
 bool draft_fused_pays(int64_t rows, int k, int budget) {
   return rows <= 128 && (budget > 0 ? draft_fast_path(k, budget) : k <= 64);
 }
-inline bool fast_build_pays(int k, int budget) { return k <= kFastMaxK && budget <= 64; }
+// The fast build (parallel, then the register frontier) wherever the fused launch builds: at
+// B = 256 the heap took 175 us for bs=64 (results/h200-probe.txt), one fused bs=1 launch 59 in all.
+inline bool fast_build_pays(int k, int budget) { return draft_fast_path(k, budget); }
 
 int64_t draft_workspace_bytes(DType dtype, int64_t bs, int64_t depth_limit, int64_t vocab, int k, int budget) {
   return draft_layout(dtype == DType::kFloat32 ? 4 : 2, bs, depth_limit, vocab, k, budget).total_bytes;
@@ -2721,19 +2748,24 @@ int draft_tree_cuda(const void* logits, DType dtype, int bs, int depth_limit, in
   });
 }
 
-int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
+namespace {
+// The tree (and with vis non-null the mask) of each request: the fast build (parallel, serial
+// register frontier behind it) and the mask in one launch where the fused launch's build serves
+// (K, B <= 256), else the shared-memory heap and (vis) the mask kernel.
+int build_tree_impl(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
                     int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
-                    int32_t* first_child, int32_t* next_sibling, void* stream) {
-  if (bs == 0) return cudaSuccess;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+                    int32_t* first_child, int32_t* next_sibling, bool* vis, uint32_t* vis_packed, cudaStream_t s) {
   if (fast_build_pays(k, budget)) {
     return with_frontier(budget, [&](auto f) {
       constexpr int F = decltype(f)::value;
       cudaError_t err = allow_smem_once<fast_build_kernel<F>>();
       if (err != cudaSuccess) return int(err);
-      const size_t smem = align16(sizeof(ChunkShared)) + fast_build_smem(depth_limit, k, budget);
-      fast_build_kernel<F><<<bs, kTopkThreads, smem, s>>>(
-          ids, logprobs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
+      const int side = budget + 1, words = (side + 31) / 32;
+      const size_t smem = align16(sizeof(ChunkShared)) + fast_build_smem(depth_limit, k, budget) +
+                          (vis != nullptr ? size_t(side) * words * 4 : 0);
+      fast_build_kernel<F><<<bs, kTopkThreads, smem, s>>>(ids, logprobs, depth_limit, k, budget, num_nodes, tokens,
+                                                          depths, ranks, parents, first_child, next_sibling, vis,
+                                                          vis_packed);
       return int(cudaGetLastError());
     });
   }
@@ -2743,7 +2775,26 @@ int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth
   if (err != cudaSuccess) return err;
   build_tree_kernel<<<(bs + warps - 1) / warps, warps * 32, size_t(warps) * per_warp, s>>>(
       ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents, first_child, next_sibling);
-  return cudaGetLastError();
+  err = cudaGetLastError();
+  if (err != cudaSuccess || vis == nullptr) return err;
+  return build_mask_cuda(parents, num_nodes, bs, budget, vis, vis_packed, s);
+}
+}  // namespace
+
+int build_tree_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
+                    int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
+                    int32_t* first_child, int32_t* next_sibling, void* stream) {
+  if (bs == 0) return cudaSuccess;
+  return build_tree_impl(ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents,
+                         first_child, next_sibling, nullptr, nullptr, static_cast<cudaStream_t>(stream));
+}
+
+int build_tree_mask_cuda(const int64_t* ids, const float* logprobs, int bs, int depth_limit, int k, int budget,
+                         int32_t* num_nodes, int64_t* tokens, int32_t* depths, int32_t* ranks, int32_t* parents,
+                         int32_t* first_child, int32_t* next_sibling, bool* vis, uint32_t* vis_packed, void* stream) {
+  if (bs == 0) return cudaSuccess;
+  return build_tree_impl(ids, logprobs, bs, depth_limit, k, budget, num_nodes, tokens, depths, ranks, parents,
+                         first_child, next_sibling, vis, vis_packed, static_cast<cudaStream_t>(stream));
 }
 
 int build_mask_cuda(const int32_t* parents, const int32_t* num_nodes, int bs, int budget, bool* vis,

@@ -22,6 +22,10 @@ int build_tree_cuda(const int64_t*, const float*, int, int, int, int, int32_t*, 
                     int32_t*, int32_t*, int32_t*, void*) {
   return kNoCuda;
 }
+int build_tree_mask_cuda(const int64_t*, const float*, int, int, int, int, int32_t*, int64_t*, int32_t*, int32_t*,
+                         int32_t*, int32_t*, int32_t*, bool*, uint32_t*, void*) {
+  return kNoCuda;
+}
 int set_timeline_cuda(void*) { return kNoCuda; }
 int build_mask_cuda(const int32_t*, const int32_t*, int, int, bool*, uint32_t*, void*) { return kNoCuda; }
 int verify_cuda(const int64_t*, const int64_t*, const int32_t*, const int32_t*, int, int, int, int32_t*, int32_t*,
