@@ -268,7 +268,7 @@ def test_journald_entries_cursor_and_incremental_read(tmp_path, journal):
     assert texts == ["[2026-12-03 09:30:00] The server is fired up and ready to roll!",
                      "[2026-12-03 09:30:10] Decode batch, #running-req: 4, #token: 1280, token usage: 0.01, accept len: "
                      "3.41, accept rate: 0.81, cuda graph: True, gen throughput (token/s): 312.55, #queue-req: 0",
-                     "bad \ufffd byte",  # MESSAGE as a byte array (not UTF-8)
+                     "bad \udcff byte",  # MESSAGE as a byte array (not UTF-8): kept, shown as \xff
                      "Traceback (most recent call last):", '  File "/x.py", line 1, in <module>',
                      "RuntimeError: CUDA error: an illegal memory access was encountered", ""]
     assert state.source == "journald" and state.cursor == {"kind": "journald", "cursor": "s=abc;i=5;b=x;m=5;t=5;x=5"}

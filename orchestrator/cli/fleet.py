@@ -83,7 +83,9 @@ def run_command(pattern: str = PatternArg,
 
     def task(conn):
         result = conn.run(command, timeout=timeout)
-        value = {"exit_code": result.exit_code, "stdout": result.stdout_text, "stderr": result.stderr_text,
+        # surrogateescape, not the replacement character: bytes that are not UTF-8 are shown as \xNN
+        value = {"exit_code": result.exit_code, "stdout": result.stdout.decode("utf-8", "surrogateescape"),
+                 "stderr": result.stderr.decode("utf-8", "surrogateescape"),
                  "duration_s": round(result.duration, 3), "timed_out": result.timed_out}
         if result.ok:
             return value
@@ -95,9 +97,10 @@ def run_command(pattern: str = PatternArg,
     def print_outputs() -> None:
         for name, r in results.items():
             style = "green" if r.ok else "red"
-            output.stdout.rule(f"[{style}]{name}[/] " + ("ok" if r.ok else (r.error or "failed").splitlines()[0]))
+            output.stdout.rule(f"[{style}]{output.escape(name)}[/] "
+                               + ("ok" if r.ok else output.escape((r.error or "failed").splitlines()[0])))
             if r.value:
-                sys.stdout.write(r.value["stdout"])
+                output.write_host_text(r.value["stdout"])
                 if r.value["stderr"]:
                     output.stdout.print(output.escape(r.value["stderr"]), style="yellow", end="")
             elif r.error:

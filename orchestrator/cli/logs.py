@@ -5,7 +5,6 @@ Exit codes: 0 every host answered, 1 some host failed (the others are still show
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -65,14 +64,14 @@ class Printer:
     def line(self, line: stage.Line) -> None:
         with self.lock:
             if self.as_json:
-                sys.stdout.write((",\n" if self.count else "\n") + json.dumps(
+                sys.stdout.write((",\n" if self.count else "\n") + output.json_text(
                     {"host": line.host, "ts": line.ts, "line": line.text}))
             else:
                 prefix = f"{line.host:<{self.width}} |"
                 code = self.color.get(line.host)
                 if code:
                     prefix = f"\x1b[{code}m{prefix}\x1b[0m"
-                sys.stdout.write(f"{prefix} {line.text}\n")
+                sys.stdout.write(f"{prefix} {output.terminal_text(line.text)}\n")
             self.count += 1
             if self.count % 256 == 0:
                 sys.stdout.flush()
@@ -83,7 +82,7 @@ class Printer:
     def finish(self, states: dict[str, stage.HostRead], exit_code: int, **extra: Any) -> None:
         if self.as_json:
             hosts = {name: s.to_json() for name, s in states.items()}
-            sys.stdout.write("\n], " + json.dumps({"hosts": hosts, **extra, "exit_code": exit_code})[1:] + "\n")
+            sys.stdout.write("\n], " + output.json_text({"hosts": hosts, **extra, "exit_code": exit_code})[1:] + "\n")
         sys.stdout.flush()
 
 
@@ -245,9 +244,9 @@ def metrics_command(pattern: str = PatternArg, profile: Optional[str] = ProfileO
                       "[red]LOW[/]" if h["flagged"] else "")
     output.stdout.print(table)
     for name in summary["flagged"]:
-        output.stdout.print(f"[red]{name}[/]: {output.escape(summary['hosts'][name]['why'])}", highlight=False)
+        output.stdout.print(f"[red]{output.escape(name)}[/]: {output.escape(summary['hosts'][name]['why'])}", highlight=False)
     for name, r in results.failed.items():
-        output.stdout.print(f"[red]{name}[/]: {output.escape(r.error or 'failed')}", highlight=False)
+        output.stdout.print(f"[red]{output.escape(name)}[/]: {output.escape(r.error or 'failed')}", highlight=False)
     for what, value in extra.items():
         output.stdout.print(f"{what}: {value}", highlight=False)
     raise typer.Exit(code)

@@ -2,12 +2,20 @@
 
 Progress goes to stderr (a live table on a terminal, one line per finished host
 otherwise), so stdout carries only the summary or, with --json, the JSON document.
+
+Host text is untrusted (a server log holds what clients sent): `terminal_text` is the one
+function every path that shows it goes through (`escape` for Rich markup, `print_json` for
+every string of a JSON document, and the raw writes of logs, `run`, tracebacks). Control
+characters are shown as `\\x1b`, `\\x07`, ... (tab and newline kept: they are the text's layout),
+bytes that are not UTF-8 as `\\xe9`, never replaced with U+FFFD, so nothing a host sends can
+retitle, clear, recolour or overwrite the operator's terminal.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -15,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
+from rich.markup import escape as markup_escape
 from rich.table import Table
 
 from ..fleet.group import GroupResult, Stopped
@@ -24,6 +32,57 @@ from ..fleet.group import GroupResult, Stopped
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
 stdout = Console(soft_wrap=True, width=_WIDTH)
 stderr = Console(stderr=True, soft_wrap=True)
+
+# C0 controls but tab and newline, DEL, C1, the bidirectional overrides and isolates (they reorder
+# what is shown, hiding text), and surrogates: U+DC80-U+DCFF are the undecodable bytes 0x80-0xff
+# of a surrogateescape decode; any other lone surrogate cannot be written to a terminal at all.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _shown(match: "re.Match[str]") -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_text(value: str | bytes) -> str:
+    """Host bytes or text as it may reach a terminal: bytes are decoded as UTF-8 with what is
+    not UTF-8 shown as `\\xNN` (as is text decoded with surrogateescape), control characters
+    as `\\xNN` (bidi controls `\\uNNNN`); tab and newline are kept."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("utf-8", "surrogateescape")
+    elif not isinstance(value, str):
+        value = str(value)
+    return _UNSAFE.sub(_shown, value)
+
+
+def escape(value: str | bytes) -> str:
+    """Host text for Rich: terminal-safe (terminal_text), then Rich's markup escaped."""
+    return markup_escape(terminal_text(value))
+
+
+def json_safe(document: Any) -> Any:
+    """Every string of a JSON document (keys too) through terminal_text: --json carries host
+    text in the same form the terminal shows it, so `jq -r` cannot write a control sequence."""
+    if isinstance(document, str):
+        return terminal_text(document)
+    if isinstance(document, dict):
+        return {json_safe(k) if isinstance(k, str) else k: json_safe(v) for k, v in document.items()}
+    if isinstance(document, (list, tuple)):
+        return [json_safe(v) for v in document]
+    return document
+
+
+def json_text(document: Any, **kwargs: Any) -> str:
+    """json.dumps of json_safe(document); other objects as their (escaped) str."""
+    return json.dumps(json_safe(document), default=lambda o: terminal_text(str(o)), **kwargs)
+
+
+def write_host_text(value: str | bytes, stream: Any = None) -> None:
+    """Raw host output (a command's stdout, a traceback, a log tail), whole, terminal-safe."""
+    (stream or sys.stdout).write(terminal_text(value))
+
 
 _STYLE = {"waiting": "dim", "connecting": "cyan", "running": "yellow", "ok": "green", "failed": "red"}
 
@@ -73,7 +132,7 @@ class Progress:
 
 
 def print_json(document: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
+    sys.stdout.write(json_text(document, indent=2) + "\n")
 
 
 def group_json(command: str, results: GroupResult, **extra: Any) -> dict[str, Any]:

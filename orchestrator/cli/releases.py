@@ -86,8 +86,8 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
         if diff:
             for name, host_plan in plans.items():
                 for f in host_plan.changes:
-                    output.stdout.rule(f"{name}: {f.key} ({f.status})")
-                    sys.stdout.write(f.diff())
+                    output.stdout.rule(f"{output.escape(name)}: {output.escape(f.key)} ({f.status})")
+                    output.write_host_text(f.diff())  # the host's file: its bytes are shown escaped
             sys.stdout.flush()
 
     report("plan", results, as_json, table, pattern=pattern, profile=profile)

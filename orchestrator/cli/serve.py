@@ -118,18 +118,19 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
     for name, d in results.items():
         f = (d.get("probe") or {}).get("fields") or {}
         total = ((d.get("probe") or {}).get("timings") or {}).get("total_s")
-        table.add_row(name, "[green]ok[/]" if d["ok"] else "[red]failed[/]", d.get("phase") or "-",
-                      *[str(f.get(k, "-")) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
+        table.add_row(output.escape(name), "[green]ok[/]" if d["ok"] else "[red]failed[/]",
+                      output.escape(d.get("phase") or "-"),
+                      *[output.escape(str(f.get(k, "-"))) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
                                                      "speculative_ddtree_budget", "speculative_ddtree_topk_cap",
                                                      "speculative_ddtree_shadow_linear",
                                                      "mamba_radix_cache_strategy")], str(total or "-"))
     output.stdout.print(table)
     for name in failed:
         d = results[name]
-        output.stdout.rule(f"[red]{name}[/]: {output.escape(d['summary'])}")
+        output.stdout.rule(f"[red]{output.escape(name)}[/]: {output.escape(d['summary'])}")
         probe = d.get("probe") or {}
         if probe.get("traceback"):  # whole, never cut: this is what the seed story lost
-            sys.stdout.write(probe["traceback"])
+            output.write_host_text(probe["traceback"])
             sys.stdout.flush()
         for fix in d.get("diagnosis", []):
             output.stdout.print(f"[yellow]fix:[/] {output.escape(fix)}", highlight=False)

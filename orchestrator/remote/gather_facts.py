@@ -25,7 +25,7 @@ def hostname():
 
 def read_file(path):
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
             return {"exists": True, "text": fh.read()}
     except OSError as exc:
         return {"exists": False, "error": exc.strerror}

@@ -245,9 +245,9 @@ def run_command(argv, timeout=20):
     status = os.waitpid(pid, 0)[1]
     timed_out = bool(open_fds)
     rc = None if timed_out else (os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status))
-    return {"rc": rc, "stdout": b"".join(chunks[out_r]).decode("utf-8", "replace"),
+    return {"rc": rc, "stdout": b"".join(chunks[out_r]).decode("utf-8", "surrogateescape"),
             "stderr": ("timed out after %ss" % timeout) if timed_out else
-            b"".join(chunks[err_r]).decode("utf-8", "replace"),
+            b"".join(chunks[err_r]).decode("utf-8", "surrogateescape"),
             "seconds": time.monotonic() - started}
 
 

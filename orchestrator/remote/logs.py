@@ -49,6 +49,10 @@ Failure = hostlib.Failure
 DEFAULT_PAGE_BYTES = 4 << 20
 ROTATIONS_LOOKED_AT = 20  # <log>.1 ... <log>.20: more than any keep setting deploy uses
 BLOCK = 1 << 16
+# A line longer than this keeps its first MAX_LINE_BYTES, then " … [N bytes cut]": one line of
+# many MB (a client's prompt echoed) costs neither the host's memory nor the answer's size.
+MAX_LINE_BYTES = 64 << 10
+CUT_MARK = " \u2026 [%d bytes cut]"
 HEAD_BYTES = 256
 STAMP = re.compile(rb"^\[(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(\.\d+)?(?: [^\]]*)?\]")
 MARKER_STAMP = re.compile(rb"^==== sglfleet supervisor: start \S+ (\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})([+-]\d{4})?")
@@ -235,18 +239,16 @@ def read_files(paths, args, cursor):
                 break
             fh.seek(offset)
             while True:
-                raw = fh.readline()
-                if not raw:
-                    break
-                if not raw.endswith(b"\n") and newest:
-                    break  # a line still being written: the next read takes it whole
-                bytes_read += len(raw)
-                offset += len(raw)
+                raw, length = read_line(fh, newest)
+                if not length:
+                    break  # the end, or a line still being written: the next read takes it whole
+                bytes_read += length
+                offset += length
                 ts = stamps.of(raw)
                 if keep.past_until(ts):
                     done = True
                     break
-                text = raw.rstrip(b"\r\n").decode("utf-8", "replace")
+                text = line_text(raw, length)
                 position = (inode, offset)
                 if keep.keeps(ts, text):
                     lines.append([ts, text])
@@ -267,27 +269,73 @@ def read_files(paths, args, cursor):
             "bytes_read": bytes_read, "files": [f[0] for f in files]}
 
 
+def read_line(fh, newest):
+    """(head, length) of the line at fh's position: its first MAX_LINE_BYTES (with its newline
+    when whole) and its length in the file. (b"", 0) at the end, and in the newest file before a
+    line still being written (fh is then left where the line starts)."""
+    start = fh.tell()
+    head = fh.readline(MAX_LINE_BYTES)
+    length, ended = len(head), head.endswith(b"\n")
+    if length == MAX_LINE_BYTES and not ended:  # a long line: the rest is counted, not kept
+        while True:
+            more = fh.readline(BLOCK)
+            if not more:
+                break
+            length += len(more)
+            if more.endswith(b"\n"):
+                ended = True
+                break
+    if length and not ended and newest:
+        fh.seek(start)
+        return b"", 0
+    return head, length
+
+
+def line_text(head, length):
+    """A line's text: UTF-8, with bytes that are not UTF-8 kept as surrogates (the controller
+    shows them as \\xNN, never as U+FFFD); a line cut to its head ends with CUT_MARK."""
+    body = head.rstrip(b"\r\n")
+    if length <= len(head):
+        return body.decode("utf-8", "surrogateescape")
+    whole = len(body)  # back off a character the cut split in two
+    for back in range(1, min(4, whole) + 1):
+        byte = body[whole - back]
+        if byte < 0x80:
+            break
+        if byte >= 0xC0:
+            needed = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            if back < needed:
+                whole -= back
+            break
+    body = body[:whole]
+    return body.decode("utf-8", "surrogateescape") + CUT_MARK % (length - len(body) - 1)
+
+
 def reverse_lines(name, end):
-    """Complete lines of `name` before byte `end`, last first (each with its newline, if any)."""
+    """Lines of `name` before byte `end`, last first, as (head, length): the line's first
+    MAX_LINE_BYTES (with its newline, if any) and its whole length. The file is scanned in
+    BLOCKs and at most BLOCK + MAX_LINE_BYTES of it held, however long a line is."""
     with open(name, "rb") as fh:
-        position, tail, first = end, b"", True
-        while position > 0:
-            step = min(BLOCK, position)
-            position -= step
-            fh.seek(position)
-            block = fh.read(step) + tail
-            parts = block.split(b"\n")
-            tail = parts[0]
-            rest = parts[1:]
-            if first:
-                first = False
-                last = rest.pop() if rest else b""
-                if last:  # a last line with no newline (a crash mid-line in a rotated file)
-                    yield last
-            for part in reversed(rest):
-                yield part + b"\n"
-        if tail:
-            yield tail + b"\n"
+        buf_start, buf, stop = end, b"", end
+        while stop > 0:
+            limit = stop - 1  # byte stop-1 is this line's own newline (or its last byte)
+            while True:  # the newline before it, reading backwards as far as needed
+                found = buf.rfind(b"\n", 0, max(0, limit - buf_start))
+                if found >= 0 or buf_start == 0:
+                    break
+                step = min(BLOCK, buf_start)
+                buf_start -= step
+                fh.seek(buf_start)
+                buf = fh.read(step) + buf[:MAX_LINE_BYTES]
+            start = buf_start + found + 1 if found >= 0 else 0
+            length = stop - start
+            if length <= MAX_LINE_BYTES and stop <= buf_start + len(buf):
+                head = buf[start - buf_start:stop - buf_start]
+            else:
+                fh.seek(start)
+                head = fh.read(min(length, MAX_LINE_BYTES))
+            yield head, length
+            stop = start
 
 
 def tail_files(paths, args):
@@ -323,10 +371,10 @@ def tail_files(paths, args):
             break
         if keep.since is not None and mtime < keep.since:
             break
-        for raw in reverse_lines(fname, fend):
-            bytes_read += len(raw)
+        for raw, length in reverse_lines(fname, fend):
+            bytes_read += length
             stamp = Stamps().of(raw)
-            pending.append(raw)
+            pending.append((raw, length))
             if stamp is None:
                 continue
             group, pending = pending, []
@@ -334,7 +382,7 @@ def tail_files(paths, args):
                 finished = True
                 break
             for member in group:  # newest first
-                text = member.rstrip(b"\r\n").decode("utf-8", "replace")
+                text = line_text(*member)
                 if keep.keeps(stamp, text):
                     found.appendleft([stamp, text])
                     if len(found) >= want:
@@ -344,7 +392,7 @@ def tail_files(paths, args):
                 break
     if not finished and keep.since is None:  # lines above the first stamp of the log
         for member in pending:
-            text = member.rstrip(b"\r\n").decode("utf-8", "replace")
+            text = line_text(*member)
             if len(found) < want and keep.keeps(None, text):
                 found.appendleft([None, text])
     cursor = {"kind": "file", "inode": inode, "offset": end, "ts": found[-1][0] if found else None,
@@ -372,9 +420,14 @@ def journal_argv(paths, args, cursor):
 def journal_text(entry):
     """MESSAGE is a string, a list of byte values (not UTF-8), or null."""
     message = entry.get("MESSAGE")
-    if isinstance(message, list):
-        return bytes(message).decode("utf-8", "replace")
-    return "" if message is None else str(message)
+    if isinstance(message, list):  # journald's form for bytes that are not UTF-8
+        raw = bytes(message)
+        return line_text(raw[:MAX_LINE_BYTES], len(raw))
+    text = "" if message is None else str(message)
+    if len(text) > MAX_LINE_BYTES:
+        raw = text.encode("utf-8", "surrogateescape")
+        return line_text(raw[:MAX_LINE_BYTES], len(raw))
+    return text
 
 
 def parse_journal(stream, keep, limit, want_tail=None):
@@ -410,7 +463,7 @@ def read_journal(paths, args, cursor):
     finally:
         if proc.poll() is None:
             proc.kill()
-        err = proc.stderr.read().decode("utf-8", "replace")
+        err = proc.stderr.read().decode("utf-8", "surrogateescape")
         code = proc.wait()
     if code not in (0, -9) and not lines:
         raise Failure("journalctl failed (exit %s): %s" % (code, err.strip()[-2000:]))
@@ -522,7 +575,7 @@ class Bundle:
         if result["stderr"].strip():
             text += "\n--- stderr ---\n" + result["stderr"]
         status = "ok" if result["rc"] == 0 else "error"
-        self.add_bytes(name, text.encode("utf-8"), what, status, command=argv, rc=result["rc"])
+        self.add_bytes(name, text.encode("utf-8", "surrogateescape"), what, status, command=argv, rc=result["rc"])
 
     def close(self, document):
         self.add_bytes("MANIFEST.json", json.dumps(dict(document, items=self.items), indent=1, default=str).encode(),

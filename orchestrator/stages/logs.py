@@ -37,6 +37,7 @@ import paramiko
 
 from ..errors import ConfigError, ConnectError, RemoteError
 from ..fleet.remote_call import call
+from . import runs
 
 SCRIPT = "logs.py"
 PAGE_BYTES = 4 << 20
@@ -260,6 +261,8 @@ class Follower:
                 state.error = exc
                 return
             except DROPPED as exc:
+                if self.stop.is_set():
+                    break
                 lost = self._lost(conn, exc, lost)
                 backoff = self._pause(backoff)
                 continue
@@ -394,5 +397,4 @@ def bundle_host(conn: Any, query: Query, out_dir: Path, runs: str | Path, slots:
 
 def write_index(directory: Path, document: dict[str, Any]) -> Path:
     path = directory / "index.json"
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
-    return path
+    return runs.write_json(path, document)

@@ -3,8 +3,10 @@ deploy logs, log bundles), one new directory per run, never overwritten."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
+from typing import Any
 
 
 def run_dir(base: str | Path, kind: str) -> Path:
@@ -20,3 +22,16 @@ def run_dir(base: str | Path, kind: str) -> Path:
         except FileExistsError:
             suffix += 1
             path = Path(f"{stem}-{suffix}")
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Host text as the host wrote it: bytes that are not UTF-8 (kept as surrogates) go back as
+    those bytes, not as U+FFFD or an encoding error."""
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    return path
+
+
+def write_json(path: Path, document: Any) -> Path:
+    """One JSON document (host text in it with \\udcNN escapes for bytes that are not UTF-8)."""
+    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return path

@@ -8,7 +8,6 @@ on failure, <host>.traceback.txt. Known failures get a concrete fix (`diagnose`)
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from ..errors import RemoteError
 from ..fleet.remote_call import call
 from ..spec.profile import Profile
+from . import runs
 from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, render, server_facts
 
 PROBE = "smoke_probe.py"
@@ -65,10 +65,10 @@ def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
 
 
 def store(directory: Path, host: str, document: dict[str, Any]) -> None:
-    (directory / f"{host}.json").write_text(json.dumps(document, indent=2, default=str) + "\n")
+    runs.write_json(directory / f"{host}.json", document)
     probe = document.get("probe") or {}
     if probe.get("traceback"):
-        (directory / f"{host}.traceback.txt").write_text(probe["traceback"])
+        runs.write_text(directory / f"{host}.traceback.txt", probe["traceback"])
 
 
 def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str | None) -> dict[str, Any]:
