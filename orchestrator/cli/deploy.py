@@ -127,11 +127,11 @@ def _deploy_report(profile: str, docs: dict[str, dict[str, Any]], directory: Opt
     output.stdout.print(table)
     for name, d in docs.items():
         if dry_run:
-            output.stdout.rule(f"{name}: {output.escape(d.get('summary') or '')}")
+            output.stdout.rule(f"{output.escape(name)}: {output.escape(d.get('summary') or '')}")
             output.stdout.print(output.escape(" ".join(d.get("command") or [])), highlight=False, soft_wrap=True)
             for what, text in (d.get("files") or {}).items():
-                output.stdout.print(f"[bold]--- {what}[/]")
-                sys.stdout.write(text)
+                output.stdout.print(f"[bold]--- {output.escape(what)}[/]")
+                output.write_host_text(text)
             sys.stdout.flush()
             continue
         if d["ok"]:
@@ -143,7 +143,7 @@ def _deploy_report(profile: str, docs: dict[str, dict[str, Any]], directory: Opt
         for key, title in (("traceback", "smoke traceback"), ("server_log", "server log since its start")):
             if d.get(key):  # whole, never cut
                 output.stdout.print(f"[bold]{title}:[/]")
-                sys.stdout.write(d[key] if d[key].endswith("\n") else d[key] + "\n")
+                output.write_host_text(d[key] if d[key].endswith("\n") else d[key] + "\n")
                 sys.stdout.flush()
         for fix in d.get("diagnosis") or []:
             output.stdout.print(f"[yellow]fix:[/] {output.escape(fix)}", highlight=False)
