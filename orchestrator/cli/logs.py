@@ -71,7 +71,7 @@ class Printer:
                 code = self.color.get(line.host)
                 if code:
                     prefix = f"\x1b[{code}m{prefix}\x1b[0m"
-                sys.stdout.write(f"{prefix} {output.terminal_text(line.text)}\n")
+                sys.stdout.write(f"{prefix} {output.shown(line.text)}\n")
             self.count += 1
             if self.count % 256 == 0:
                 sys.stdout.flush()

@@ -27,6 +27,7 @@ from rich.markup import escape as markup_escape
 from rich.table import Table
 
 from ..fleet.group import GroupResult, Stopped
+from ..remote import redact
 
 # Off a terminal (CI logs, pipes) Rich would assume 80 columns and wrap the tables; COLUMNS wins.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
@@ -57,9 +58,17 @@ def terminal_text(value: str | bytes) -> str:
     return _UNSAFE.sub(_shown, value)
 
 
+def shown(value: str | bytes) -> str:
+    """What is printed of any text: secrets redacted (remote/redact.py: every secret value this
+    process has rendered or read, and token-shaped text), then terminal_text."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("utf-8", "surrogateescape")
+    return terminal_text(redact.text(value if isinstance(value, str) else str(value), redact.KNOWN))
+
+
 def escape(value: str | bytes) -> str:
-    """Host text for Rich: terminal-safe (terminal_text), then Rich's markup escaped."""
-    return markup_escape(terminal_text(value))
+    """Host text for Rich: redacted and terminal-safe (shown), then Rich's markup escaped."""
+    return markup_escape(shown(value))
 
 
 def json_safe(document: Any) -> Any:
@@ -75,13 +84,16 @@ def json_safe(document: Any) -> Any:
 
 
 def json_text(document: Any, **kwargs: Any) -> str:
-    """json.dumps of json_safe(document); other objects as their (escaped) str."""
-    return json.dumps(json_safe(document), default=lambda o: terminal_text(str(o)), **kwargs)
+    """json.dumps of the document, secrets redacted (redact.scrub) and every string
+    terminal-safe (json_safe); other objects as their (escaped) str."""
+    document = json.loads(json.dumps(document, default=str))  # plain types, for the scrub
+    return json.dumps(json_safe(redact.scrub(document)), **kwargs)
 
 
 def write_host_text(value: str | bytes, stream: Any = None) -> None:
-    """Raw host output (a command's stdout, a traceback, a log tail), whole, terminal-safe."""
-    (stream or sys.stdout).write(terminal_text(value))
+    """Raw host output (a command's stdout, a traceback, a log tail), whole, redacted and
+    terminal-safe (shown)."""
+    (stream or sys.stdout).write(shown(value))
 
 
 _STYLE = {"waiting": "dim", "connecting": "cyan", "running": "yellow", "ok": "green", "failed": "red"}

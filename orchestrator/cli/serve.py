@@ -13,6 +13,7 @@ from ..errors import ConfigError
 from ..fleet.group import TaskOutcome
 from ..fleet.inventory import Host
 from ..fleet.local import LocalConnection
+from ..remote import redact
 from ..remote.hostlib import server_paths
 from ..spec.profile import load_profile
 from ..stages.render import render, server_facts
@@ -45,21 +46,22 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
         return
     paths = server_paths(rendered.profile)
     if what == "env":
-        sys.stdout.write(rendered.template("sglang.env.j2"))
+        output.write_host_text(rendered.template("sglang.env.j2"))  # secrets redacted, as everywhere
     elif what == "unit":
-        sys.stdout.write(rendered.template("sglang-server.service.j2", launch_script=paths["launch_script"],
-                                           stop_timeout_s=120))
+        output.write_host_text(rendered.template("sglang-server.service.j2", launch_script=paths["launch_script"],
+                                                 stop_timeout_s=120))
     elif what == "launch-script":
-        sys.stdout.write(rendered.template("launch.sh.j2", env_file=paths["env_file"]))
+        output.write_host_text(rendered.template("launch.sh.j2", env_file=paths["env_file"]))
     else:
-        output.stdout.print(shlex.join(rendered.command), highlight=False, soft_wrap=True)
+        output.stdout.print(output.escape(shlex.join(redact.argv(rendered.command))), highlight=False, soft_wrap=True)
         table = output.Table(title=f"{rendered.host}: {len(rendered.flags)} flags for SGLang "
                                    f"{rendered.facts['sglang'].get('version')}")
         table.add_column("flag")
         table.add_column("value")
         table.add_column("from")
         for flag in rendered.flags:
-            table.add_row(flag.name, " ".join(flag.values), output.escape(flag.source))
+            values = redact.argv(flag.argv)[1:]
+            table.add_row(output.escape(flag.name), output.escape(" ".join(values)), output.escape(flag.source))
         output.stdout.print(table)
 
 

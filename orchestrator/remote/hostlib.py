@@ -95,7 +95,9 @@ def write_bytes_atomic(path, data, mode=None):
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, ".%s.tmp-%d" % (os.path.basename(path), os.getpid()))
-    with open(tmp, "wb") as fh:
+    # Created with its mode, not chmod'ed after: an owner-only file never exists readable by others.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode & 0o777)
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -105,8 +107,8 @@ def write_bytes_atomic(path, data, mode=None):
     fsync_dir(directory)
 
 
-def write_json_atomic(path, document):
-    write_bytes_atomic(path, json.dumps(document, indent=1, sort_keys=True).encode())
+def write_json_atomic(path, document, mode=None):
+    write_bytes_atomic(path, json.dumps(document, indent=1, sort_keys=True).encode(), mode)
 
 
 def read_json(path, default=None):

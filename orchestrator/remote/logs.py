@@ -33,6 +33,7 @@ import io
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -46,6 +47,15 @@ except ImportError:  # on the controller (unit tests)
 
 Failure = hostlib.Failure
 
+
+def redaction():
+    """remote/redact.py: the companion script sent with the bundle call; imported on the controller."""
+    if "redact.py" in hostlib.COMPANIONS:
+        return hostlib.companion("redact.py")
+    from orchestrator.remote import redact
+
+    return redact
+
 DEFAULT_PAGE_BYTES = 4 << 20
 ROTATIONS_LOOKED_AT = 20  # <log>.1 ... <log>.20: more than any keep setting deploy uses
 BLOCK = 1 << 16
@@ -56,7 +66,6 @@ CUT_MARK = " \u2026 [%d bytes cut]"
 HEAD_BYTES = 256
 STAMP = re.compile(rb"^\[(\d{4}-\d{2}-\d{2}) (\d{2}:\d{2}:\d{2})(\.\d+)?(?: [^\]]*)?\]")
 MARKER_STAMP = re.compile(rb"^==== sglfleet supervisor: start \S+ (\d{4}-\d{2}-\d{2})T(\d{2}:\d{2}:\d{2})([+-]\d{4})?")
-SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE|CREDENTIAL)", re.I)
 BUNDLE_DIR = "/var/tmp/sglfleet-bundles"
 SCRAPE_LIMIT = 8 << 20
 DMESG_LINES = 300
@@ -523,15 +532,36 @@ def cmd_read(args, stream=None):
 # ---------------------------------------------------------------- bundle
 
 
-class Bundle:
-    """A tar.gz written here, item by item; MANIFEST.json records what each item is."""
+class Masked:
+    """A file read through redact.StreamMask: the same bytes, secrets masked in place."""
 
-    def __init__(self, path):
+    def __init__(self, fh, mask):
+        self.fh, self.mask, self.out = fh, mask, b""
+
+    def read(self, size=-1):
+        while size < 0 or len(self.out) < size:
+            chunk = self.fh.read(BLOCK)
+            self.out += self.mask.feed(chunk) if chunk else self.mask.finish()
+            if not chunk:
+                break
+        data, self.out = (self.out, b"") if size < 0 else (self.out[:size], self.out[size:])
+        return data
+
+
+class Bundle:
+    """A tar.gz written here, item by item; MANIFEST.json records what each item is. Every item
+    goes through the redaction policy (remote/redact.py) with the deployment's secret values:
+    small files and command output as text, logs streamed with the secrets masked in place."""
+
+    def __init__(self, path, secrets=()):
         self.path = path
         self.tar = tarfile.open(path, "w:gz", compresslevel=3, format=tarfile.PAX_FORMAT)
         self.items = []
+        self.redact = redaction()
+        self.secrets = list(secrets)
 
     def add_bytes(self, name, data, what, status="ok", **extra):
+        data = self.redact.text(data.decode("utf-8", "surrogateescape"), self.secrets).encode("utf-8", "surrogateescape")
         info = tarfile.TarInfo(name)
         info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
 
@@ -539,7 +569,8 @@ class Bundle:
         self.items.append(dict(name=name, what=what, status=status, bytes=len(data), **extra))
 
     def add_file(self, name, source, what, redact=False):
-        """A file streamed into the tar (never read whole unless `redact`)."""
+        """A file streamed into the tar with secrets masked (never read whole; `redact`: an
+        env file, read whole, each secret-named value replaced)."""
         try:
             st = os.stat(source)
             if st.st_size == 0 and source.startswith("/proc/"):  # procfs files say 0 bytes; they are small
@@ -549,13 +580,13 @@ class Bundle:
                 return
             if redact:
                 with open(source, "rb") as fh:
-                    data = redact_env(fh.read().decode("utf-8", "replace")).encode()
-                self.add_bytes(name, data, what, source=source, redacted=True)
+                    data = self.redact.env_text(fh.read().decode("utf-8", "surrogateescape"))
+                self.add_bytes(name, data.encode("utf-8", "surrogateescape"), what, source=source, redacted=True)
                 return
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = st.st_size, int(st.st_mtime), 0o644
-            with open(source, "rb") as fh:
-                self.tar.addfile(info, fh)  # copies exactly st_size bytes: a growing log is cut there
+            with open(source, "rb") as fh:  # copies exactly st_size bytes: a growing log is cut there
+                self.tar.addfile(info, Masked(fh, self.redact.StreamMask(self.secrets)))
             self.items.append({"name": name, "what": what, "status": "ok", "bytes": st.st_size, "source": source})
         except FileNotFoundError:
             self.items.append({"name": name, "what": what, "status": "missing", "source": source})
@@ -584,18 +615,32 @@ class Bundle:
 
 
 def redact_env(text):
-    """KEY=value lines whose key looks secret keep the key, lose the value."""
-    out = []
-    for line in text.splitlines():
-        key, eq, value = line.partition("=")
-        bare = key.strip()
-        if bare.startswith("export "):
-            bare = bare[len("export "):].strip()
-        if eq and SECRET_KEY.search(bare):
-            out.append("%s=<redacted by sglfleet: %d characters>" % (key, len(value)))
-        else:
-            out.append(line)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+    """An env file's text as a bundle holds it (redact.env_text)."""
+    return redaction().env_text(text)
+
+
+def deployment_secrets(paths):
+    """The secret values of the deployment on this host: its argv (the record's, and the launch
+    script's exec line) and its env file; what no item of a bundle may show."""
+    redact = redaction()
+    argv = list((hostlib.read_json(paths["record"]) or {}).get("argv") or [])
+    environment = {}
+    for path, parse in ((paths["launch_script"], None), (paths["env_file"], redact.env_file_values)):
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read().decode("utf-8", "surrogateescape")
+        except OSError:
+            continue
+        if parse is not None:
+            environment.update(parse(text))
+            continue
+        for line in text.splitlines():
+            if line.startswith("exec "):
+                try:
+                    argv += shlex.split(line[len("exec "):])
+                except ValueError:
+                    pass
+    return redact.secret_values(argv, environment)
 
 
 def server_python(paths, args):
@@ -647,7 +692,7 @@ def cmd_bundle(args, stream=None):
     path = os.path.join(BUNDLE_DIR, "%s-%s-%s-%s.tar.gz" % (socket.gethostname(), args["profile"],
                                                            time.strftime("%Y%m%dT%H%M%S"), os.urandom(6).hex()))
     started = time.time()
-    bundle = Bundle(path)
+    bundle = Bundle(path, deployment_secrets(paths))
     try:
         if source == "journald":
             spool = path + ".journal"

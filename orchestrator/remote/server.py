@@ -384,7 +384,7 @@ def log_since(paths, running, limit=None, keep=DEFAULT_LOG_KEEP):
         for name in rotated(paths["log"], keep):
             try:
                 with open(name, "rb") as fh:
-                    chunks.append(fh.read().decode("utf-8", "replace"))
+                    chunks.append(fh.read().decode("utf-8", "surrogateescape"))  # shown as \\xNN, not U+FFFD
             except OSError:
                 pass
         text = "".join(chunks)
@@ -514,7 +514,8 @@ def start_systemd(args, paths):
 def write_generation(paths, files):
     """The env file, launch script and unit of one deployment, each swapped in atomically."""
     hostlib.write_bytes_atomic(paths["env_file"], files["env"].encode("utf-8"), 0o600)
-    hostlib.write_bytes_atomic(paths["launch_script"], files["launch_script"].encode("utf-8"), 0o755)
+    # Owner-only, as the env file: the argv it carries may hold a secret (an --api-key value).
+    hostlib.write_bytes_atomic(paths["launch_script"], files["launch_script"].encode("utf-8"), 0o700)
     if files.get("unit") is not None:
         hostlib.write_bytes_atomic(paths["dir"] + "/unit.service", files["unit"].encode("utf-8"), 0o644)
 
@@ -684,7 +685,7 @@ def cmd_finish(args, stream=None):
             if running.get("alive") and running.get("pid") != record.get("pid"):
                 raise Failure("the running server is pid %s, not the deployed pid %s" % (running.get("pid"),
                                                                                         record.get("pid")))
-            hostlib.write_json_atomic(paths["record"], record)
+            hostlib.write_json_atomic(paths["record"], record, 0o600)  # its argv may hold a secret
         drop_lease(args)
     return {"recorded": args.get("record") is not None}
 
@@ -758,7 +759,7 @@ def cmd_stop(args, stream=None):
             record = read_json(paths["record"])
             if record:
                 record["stopped"] = time.time()
-                hostlib.write_json_atomic(paths["record"], record)
+                hostlib.write_json_atomic(paths["record"], record, 0o600)  # its argv may hold a secret
             out[profile] = stopped
     return {"stopped": out}
 

@@ -358,7 +358,7 @@ def bundle_host(conn: Any, query: Query, out_dir: Path, runs: str | Path, slots:
     started = time.monotonic()
     name = conn.host.name
     args = {"profile": query.profile, "python": conn.host.python, "smoke": last_smoke(runs, name), **query.extra}
-    info = call(conn, SCRIPT, "bundle", args, timeout=3600)
+    info = call(conn, SCRIPT, "bundle", args, timeout=3600, companions=("redact.py",))
     target = out_dir / f"{name}.tar.gz"
     partial = out_dir / f".{name}.tar.gz.part"
     digest = hashlib.sha256()

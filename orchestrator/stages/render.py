@@ -29,6 +29,7 @@ from ..errors import SglfleetError
 from ..fleet.inventory import Host
 from ..spec.profile import Profile, with_overrides
 from ..fleet.remote_call import call
+from ..remote import redact
 
 TEMPLATES = data_dir("templates")
 
@@ -244,8 +245,10 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
     if check_flags:
         _check_known(host.name, flags, sglang)
     launcher, launcher_source = _launcher(host, inventory_path)
-    return Rendered(host.name, p.name, host.python, flags, dict(p.env), facts, launcher, launcher_source, bind,
-                    p.server.port)
+    rendered = Rendered(host.name, p.name, host.python, flags, dict(p.env), facts, launcher, launcher_source, bind,
+                        p.server.port)
+    redact.remember(rendered.command, rendered.env)  # nothing this process prints or stores shows them
+    return rendered
 
 
 def _bind(host: Host, p: Any, src: _Sources, inventory_path: str) -> tuple[str, str]:

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..remote import redact
+
 
 def run_dir(base: str | Path, kind: str) -> Path:
     """A new, empty runs/<YYYYmmddTHHMMSS>-<kind>[-N] directory. Made with an atomic mkdir, so
@@ -24,14 +26,18 @@ def run_dir(base: str | Path, kind: str) -> Path:
             path = Path(f"{stem}-{suffix}")
 
 
-def write_text(path: Path, text: str) -> Path:
-    """Host text as the host wrote it: bytes that are not UTF-8 (kept as surrogates) go back as
-    those bytes, not as U+FFFD or an encoding error."""
-    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+def write_text(path: Path, text: str, like: Any = None) -> Path:
+    """Host text as the host wrote it (bytes that are not UTF-8, kept as surrogates, go back as
+    those bytes), with the secrets of the document `like` and every one this process knows
+    redacted (remote/redact.py)."""
+    secrets = sorted(redact.values_in(like) | redact.KNOWN, key=len, reverse=True)
+    path.write_bytes(redact.text(text, secrets).encode("utf-8", "surrogateescape"))
     return path
 
 
 def write_json(path: Path, document: Any) -> Path:
-    """One JSON document (host text in it with \\udcNN escapes for bytes that are not UTF-8)."""
-    path.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    """One JSON document, secrets redacted (redact.scrub); host text in it with \\udcNN escapes
+    for bytes that are not UTF-8."""
+    plain = json.loads(json.dumps(document, default=str))
+    path.write_text(json.dumps(redact.scrub(plain), indent=2) + "\n")
     return path

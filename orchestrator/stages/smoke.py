@@ -68,7 +68,7 @@ def store(directory: Path, host: str, document: dict[str, Any]) -> None:
     runs.write_json(directory / f"{host}.json", document)
     probe = document.get("probe") or {}
     if probe.get("traceback"):
-        runs.write_text(directory / f"{host}.traceback.txt", probe["traceback"])
+        runs.write_text(directory / f"{host}.traceback.txt", probe["traceback"], like=document)
 
 
 def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str | None) -> dict[str, Any]:
