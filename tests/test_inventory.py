@@ -434,3 +434,21 @@ def test_sglfleet_settings_are_validated_where_written_and_old_names_get_a_note(
         with pytest.raises(ConfigError) as info:
             load_inventory(path, ssh_config_path=str(tmp_path / "none"))
         assert f"{path}:4" in str(info.value) and message in str(info.value), str(info.value)
+
+
+def test_yaml_merge_keys_with_explicit_overrides(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        all:
+          vars:
+            base: &base {ansible_user: deploy, ansible_port: 2200}
+          hosts:
+            a: {<<: *base, ansible_port: 2201}
+            b:
+              ansible_port: 2202
+              <<: *base
+        """), ssh_config_path=str(tmp_path / "none"))
+    assert (inv.hosts["a"].user, inv.hosts["a"].port) == ("deploy", 2201)
+    assert (inv.hosts["b"].user, inv.hosts["b"].port) == ("deploy", 2202)
+    with pytest.raises(ConfigError, match="duplicate key 'ansible_port'"):
+        load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {<<: {x: 1}, ansible_port: 1, ansible_port: 2}\n",
+                             "dup.yaml"), ssh_config_path=str(tmp_path / "none"))

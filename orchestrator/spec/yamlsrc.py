@@ -37,11 +37,29 @@ class _Loader(yaml.SafeLoader):
     source_path = "?"
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _flatten_mapping(loader: Any, node: yaml.MappingNode) -> None:
+    """PyYAML's merge-key expansion (`<<: *defaults`), remembering which keys of the mapping
+    were written in it rather than merged into it (a mapping merged into another is flattened
+    first, maybe before it is constructed itself)."""
+    explicit = loader.__dict__.setdefault("_explicit_keys", {})
+    if id(node) not in explicit:
+        explicit[id(node)] = {id(k) for k, _ in node.value if k.tag != MERGE_TAG}
+    yaml.constructor.SafeConstructor.flatten_mapping(loader, node)
+
+
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
+    """A SourceMap; merge keys as YAML 1.1 defines them: a key written in the mapping wins over a
+    merged one, of several merged mappings the earlier wins (PyYAML orders them so). A key written
+    twice is an error."""
     loader.flatten_mapping(node)
+    explicit = loader._explicit_keys[id(node)]
     result = SourceMap()
     result.path = loader.source_path
     result.line = node.start_mark.line + 1
+    written: set[Any] = set()
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         try:
@@ -49,15 +67,26 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
         except TypeError:
             raise ConfigError("a mapping key must be a plain value", loader.source_path,
                               key_node.start_mark.line + 1) from None
-        if key in result:
-            raise ConfigError(f"duplicate key {key!r}", loader.source_path,
-                              key_node.start_mark.line + 1)
+        if id(key_node) in explicit:  # merged pairs come first, so a written key overrides them
+            if key in written:
+                raise ConfigError(f"duplicate key {key!r}", loader.source_path, key_node.start_mark.line + 1)
+            written.add(key)
         result[key] = loader.construct_object(value_node, deep=True)
         result.key_lines[key] = key_node.start_mark.line + 1
     return result
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.flatten_mapping = _flatten_mapping
+
+
+def without_location(error: ConfigError) -> str:
+    """A ConfigError's message without its `file:line: ` prefix (to quote it at another place)."""
+    text = str(error)
+    if error.path is None:
+        return text
+    prefix = f"{error.path}:{error.line}: " if error.line is not None else f"{error.path}: "
+    return text.removeprefix(prefix)
 
 
 def read_text(path: str | Path, shown: str, what: str = "the file") -> str:
@@ -84,7 +113,7 @@ def load_yaml(path: str | Path, display: str | None = None, what: str = "the fil
     shown = display or str(path)
     text = read_text(path, shown, what)
     base = yaml.CSafeLoader if fast and getattr(yaml, "__with_libyaml__", False) else _Loader
-    loader_cls = type("_BoundLoader", (base,), {"source_path": shown})
+    loader_cls = type("_BoundLoader", (base,), {"source_path": shown, "flatten_mapping": _flatten_mapping})
     if base is not _Loader:
         loader_cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
     try:
