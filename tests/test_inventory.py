@@ -452,3 +452,18 @@ def test_yaml_merge_keys_with_explicit_overrides(tmp_path):
     with pytest.raises(ConfigError, match="duplicate key 'ansible_port'"):
         load_inventory(write(tmp_path, "all:\n  hosts:\n    a: {<<: {x: 1}, ansible_port: 1, ansible_port: 2}\n",
                              "dup.yaml"), ssh_config_path=str(tmp_path / "none"))
+
+
+def test_limit_file_patterns_one_per_line(fleet, tmp_path):
+    retry = write(tmp_path, "ct130\n\nlab\n!db1\n", "site.retry")
+    assert names(fleet, f"@{retry}") == ["ct129", "ct130"]  # in the order `all` lists them
+    assert names(fleet, f"ct131,@{retry}") == ["ct129", "ct130", "ct131"]
+    typo = write(tmp_path, "ct130\nct13O\n", "typo.retry")
+    with pytest.raises(ConfigError) as info:
+        fleet.select(f"@{typo}")
+    assert str(info.value).startswith(f"{typo}:2: 'ct13O' is not a host or group")
+    empty = write(tmp_path, "\n", "empty.retry")
+    with pytest.raises(ConfigError, match="names no host pattern; Ansible would then limit nothing"):
+        fleet.select(f"@{empty}")
+    with pytest.raises(ConfigError, match="limit file .* not found"):
+        fleet.select(f"@{tmp_path / 'missing.retry'}")

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, NoReturn, Protocol, Sequence
 
 from ..errors import ConfigError
+from ..spec.yamlsrc import read_text, without_location
 from .hostnames import NotAnAddress, parse_address
 
 LOCALHOST_NAMES = ("127.0.0.1", "localhost", "::1")
@@ -211,9 +213,74 @@ def match_term(term: str, source: PatternSource) -> tuple[list[str], bool]:
     return names, implicit
 
 
+def read_limit_file(term: str, where: str | None) -> list[tuple[str, int]]:
+    """The patterns of `@FILE`, one per line, as Ansible's --limit reads them: each stripped line
+    is one term (not split further), blank lines skipped. (term, line number) pairs. An empty
+    file is refused: Ansible would then limit nothing and run on every host."""
+    path = term[1:]
+    if not path:
+        raise ConfigError("host pattern term '@' names no file; '@FILE' reads patterns from FILE, one per line",
+                          where)
+    if not os.path.exists(path):
+        raise ConfigError(f"limit file {path!r} not found ('@FILE' reads host patterns from FILE, one per line)",
+                          where)
+    if not os.path.isfile(path):
+        raise ConfigError(f"limit file {path!r} is not a file ('@FILE' reads host patterns from FILE, one per "
+                          "line)", where)
+    terms = [(line.strip(), number) for number, line in enumerate(read_text(path, path, "the limit file")
+                                                                 .split("\n"), 1) if line.strip()]
+    if not terms:
+        raise ConfigError("the limit file names no host pattern; Ansible would then limit nothing and select "
+                          "every host", path)
+    return terms
+
+
+def _match_tagged(term: str, source: PatternSource) -> tuple[list[str], bool]:
+    """match_term for a term as written (with its `!`/`&`); its errors carry the term."""
+    try:
+        return match_term(term[1:] if term[0] in "!&" else term, source)
+    except ConfigError as exc:
+        exc.term = term  # type: ignore[attr-defined]
+        raise
+
+
 def select(pattern: str, source: PatternSource) -> Selection:
-    """The hosts `ansible PATTERN --list-hosts` lists, or a ConfigError saying why not."""
+    """The hosts `ansible PATTERN --list-hosts` lists, or a ConfigError saying why not. A pattern
+    with `@FILE` terms is `ansible all --limit PATTERN`: the file's lines are terms too, and the
+    hosts come in the order `all` lists them."""
     terms = split_pattern(pattern, source.path)
+    from_files: dict[str, tuple[str, int]] = {}  # a term read from a limit file -> (file, line)
+    if any(t.startswith("@") for t in terms):
+        expanded = []
+        for term in terms:
+            if not term.startswith("@"):
+                expanded.append(term)
+                continue
+            for line_term, number in read_limit_file(term, source.path):
+                from_files.setdefault(line_term, (term[1:], number))
+                expanded.append(line_term)
+        terms = expanded
+    try:
+        chosen = _evaluate(pattern, terms, source)
+    except ConfigError as exc:
+        term = getattr(exc, "term", None)
+        if term in from_files:  # point at the line of the limit file that holds it
+            raise ConfigError(f"{without_location(exc)} (inventory {source.path})", *from_files[term]) from None
+        raise
+    if not from_files:
+        return chosen
+    listed = set(chosen.names)  # Ansible's --limit filters the play's hosts (all), in their order
+    names = tuple(n for n in source.group_order("all").names if n in listed)
+    if not names:  # only the implicit localhost, which `all` does not hold
+        _nothing(pattern, source)
+    return Selection(names)
+
+
+def _nothing(pattern: str, source: PatternSource) -> NoReturn:
+    raise ConfigError(f"host pattern '{pattern}' matches no host", source.path)
+
+
+def _evaluate(pattern: str, terms: list[str], source: PatternSource) -> Selection:
     plain = [t for t in terms if t[0] not in "!&"]
     intersections = [t for t in terms if t[0] == "&"]
     exclusions = [t for t in terms if t[0] == "!"]
@@ -223,19 +290,19 @@ def select(pattern: str, source: PatternSource) -> Selection:
         if source.has_host(term):
             result.setdefault(term, None)
             continue
-        names, is_implicit = match_term(term, source)
+        names, is_implicit = _match_tagged(term, source)
         if is_implicit:
             implicit = names[0]
         for name in names:
             result.setdefault(name, None)
     for term in intersections:
-        keep = set(match_term(term[1:], source)[0])
+        keep = set(_match_tagged(term, source)[0])
         result = {n: None for n in result if n in keep}
     for term in exclusions:
-        drop = set(match_term(term[1:], source)[0])
+        drop = set(_match_tagged(term, source)[0])
         result = {n: None for n in result if n not in drop}
     if not result:
-        raise ConfigError(f"host pattern '{pattern}' matches no host", source.path)
+        _nothing(pattern, source)
     if implicit is not None and implicit not in result:
         implicit = None
     return Selection(tuple(result), implicit)
