@@ -146,3 +146,114 @@ def test_the_cli_prints_no_traceback_for_broken_files(tmp_path):
         proc = sglfleet("hosts", "all", "-i", str(inventory))
         assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, (data, proc.stderr)
         assert str(inventory) in " ".join(proc.stderr.split()), proc.stderr
+
+
+# ---------------------------------------------------------------- every command's options
+
+import sys  # noqa: E402
+
+import click  # noqa: E402
+import pytest  # noqa: E402
+import typer  # noqa: E402
+
+from orchestrator.cli import app, common, main  # noqa: E402
+from orchestrator.cli.option_paths import writable  # noqa: E402
+from orchestrator.errors import ConfigError  # noqa: E402
+
+# Hosts the loopback guard refuses before a socket exists (192.0.2.0/24 is TEST-NET-1: routed
+# nowhere; the suite runs with only `lo` and a fence on top): every command meets hosts that
+# cannot be reached, at once.
+UNREACHABLE = ("all:\n  children:\n    gpu-fleet:\n      hosts:\n"
+               "        ct129: {ansible_host: 192.0.2.1}\n        ct130: {ansible_host: 192.0.2.2}\n")
+HOSTILE = ["nan", "inf", "-inf", "-1", "0", "1e308", "99999999999999999999999", "", " ", "\u00fc\u00df",
+           "\x1b[2J", "a\nb", "all", "ct129", ":", ",", "!ct129", "~(", "ct1[0:", "10m", "last",
+           "2026-13-45", "qwen36-ddtree", "no-such-profile", "/proc/x/y", "/sys/kernel/x", "/dev/null",
+           "/dev/full", "/etc/passwd/x", "rel-dir", "../up", "/proc/self/status", "9" * 400, "--json"]
+SKIPPED = {"inventory", "follow", "local", "python"}  # -i is ours; -f never ends; --local runs SGLang here
+COMMANDS = [(name, command) for name, command in typer.main.get_command(app).commands.items() if name != "lab"]
+COMMANDS = [(f"{name} {sub}", c) for name, group in COMMANDS if isinstance(group, click.Group)
+            for sub, c in group.commands.items()] + [(n, c) for n, c in COMMANDS if not isinstance(c, click.Group)]
+
+
+def _argv(draw: Any, command: click.Command) -> list[str]:
+    value = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=12).filter(lambda t: "/" not in t and "\0" not in t),
+                      st.integers(min_value=-10**12, max_value=10**12).map(str),
+                      st.floats(allow_nan=True, allow_infinity=True).map(repr))
+    paths = st.sampled_from(["/proc/x/y", "/sys/kernel/x", "/dev/null", "/dev/full", "/etc/passwd/x", "rel-dir",
+                             "../up", "", "\u00fc", "runs"])
+    argv: list[str] = []
+    for param in command.params:
+        if param.name in SKIPPED:
+            continue
+        if isinstance(param, click.Argument):
+            if param.required or draw(st.booleans()):
+                argv.append(draw(value))
+        elif draw(st.integers(0, 3)) == 0:
+            flag = max(param.opts, key=len)
+            writes = param.name in ("runs", "csv_path", "plot_dir", "out")
+            argv += [flag] if getattr(param, "is_flag", False) else [flag, draw(paths if writes else value)]
+    return argv
+
+
+def _invoke(argv: list[str]) -> int:
+    """The CLI in this process, as `sglfleet ARGV` runs it; an exception out of main() is what a
+    user sees as a traceback."""
+    saved = sys.argv
+    sys.argv = ["sglfleet", *argv]
+    common.GLOBALS.inventory = None
+    try:
+        main()
+        return 0
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+
+
+@pytest.mark.parametrize("name,command", COMMANDS, ids=[n for n, _ in COMMANDS])
+def test_every_commands_options_against_unreachable_hosts_exit_0_1_or_2_and_never_a_traceback(
+        name, command, tmp_path, monkeypatch, capsys):
+    assert os.environ.get("SGLFLEET_LOOPBACK_ONLY") == "1"  # the guard refuses 192.0.2.x before a socket
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(UNREACHABLE)
+    monkeypatch.chdir(tmp_path)  # --runs-dir, --out, --csv relative to here (default runs/ too)
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.data())
+    def check(data: Any) -> None:
+        argv = [*name.split(), *_argv(data.draw, command), "-i", str(inventory)]
+        code = _invoke(argv)
+        out, err = capsys.readouterr()
+        assert code in (0, 1, 2), (argv, code, err[-2000:])
+        assert "Traceback (most recent call last)" not in err + out, (argv, err[-3000:])
+
+    check()
+
+
+def test_output_paths_are_checked_with_the_path_and_the_reason(tmp_path):
+    (tmp_path / "file").write_text("x")
+    cases = {("--runs-dir", "/proc/x/y", "dir"): "cannot create anything in /proc",
+             ("--runs-dir", str(tmp_path / "file"), "dir"): "exists and is not a directory",
+             ("--plot", str(tmp_path / "file" / "sub"), "dir"): f"{tmp_path / 'file'} is not a directory",
+             ("--csv", str(tmp_path), "file"): "is a directory",
+             ("--out", "", "dir"): "not a path"}
+    for (option, path, kind), why in cases.items():
+        with pytest.raises(ConfigError, match=".*") as info:
+            writable(option, path, kind)
+        assert str(info.value).startswith(f"{option} ") and why in str(info.value), str(info.value)
+    writable("--runs-dir", str(tmp_path / "new" / "deeper"), "dir")
+    assert not (tmp_path / "new").exists()  # checked, not created
+    writable("--csv", str(tmp_path / "file"), "file")
+    assert (tmp_path / "file").read_text() == "x"
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]  # the probe left nothing
+
+
+def test_an_unwritable_runs_dir_is_refused_before_any_host_is_contacted(tmp_path, capsys):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(UNREACHABLE)
+    for argv in (["smoke", "all", "qwen36-ddtree", "--runs-dir", "/proc/nope"],
+                 ["logs", "all", "--bundle", "--runs-dir", "/dev/null"],
+                 ["metrics", "all", "--csv", str(tmp_path)], ["deploy", "all", "qwen36-ddtree", "--runs-dir", "/sys/x"]):
+        code = _invoke([*argv, "-i", str(inventory)])
+        err = capsys.readouterr().err
+        assert code == 2 and argv[-1] in err and "192.0.2" not in err, (argv, err)

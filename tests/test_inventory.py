@@ -144,8 +144,9 @@ def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
             ct130: {ansible_user: inventory-user, ansible_port: 2022}
     """)
     inv = load_inventory(inv_path, ssh_config_path=str(ssh_config))
-    ct129, ct130 = inv.hosts["ct129"], inv.hosts["ct130"]
-    assert (ct129.address, ct129.port, ct129.user, ct129.proxy_jump) == ("127.0.0.50", 2200, "sshcfg", "bastion")
+    ct129, ct130 = inv.select("all")  # selected hosts are resolved by OpenSSH (ssh -G)
+    assert (ct129.address, ct129.port, ct129.user, ct129.ssh.proxy_jump) == ("127.0.0.50", 2200, "sshcfg",
+                                                                             "bastion")
     assert ct129.identity_files == (str(Path("~/.ssh/ct129_key").expanduser()),)
     assert (ct130.address, ct130.port, ct130.user) == ("127.0.0.60", 2022, "inventory-user")
 
@@ -168,7 +169,7 @@ def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
     ("all:\n  children:\n    a:\n      children:\n        b:\n          children:\n            a:\n", 5,
      "group 'b' cannot be a child of 'a': 'b' contains 'a' (a loop)"),
     ("all:\n  vars:\n    ansible_group_priority: high\n  hosts: {a: }\n", 3, "must be an integer"),
-    ("plugin: aws_ec2\n", 1, "inventory plugin's configuration"),
+    ("plugin: aws_ec2\n", 1, "configuration of Ansible's 'aws_ec2' inventory plugin"),
     ("all:\n  children:\n    gpu: [ct129]\n", 3, "group 'gpu' must be a mapping"),
     ("all:\n  hosts:\n    ct129:\n    ct129:\n", 4, "duplicate key 'ct129'"),
     ("all:\n  children:\n    empty:\n", 1, "defines no hosts"),
@@ -314,14 +315,16 @@ def test_notes_for_ansible_vars_sglfleet_does_not_use(tmp_path, caplog):
         all:
           hosts:
             a: {ansible_host: 127.0.0.1, ansible_password: pw, ansible_become: true, ansible_ruby_interpreter: /r}
-            b: {ansible_host: 127.0.0.2, ansible_ssh_common_args: '-o ProxyJump=jump:2200 -o ProxyCommand=nc'}
+            b: {ansible_host: 127.0.0.2, ansible_ssh_common_args: '-o ProxyJump=jump:2200 -o ProxyCommand=nc -C'}
     """), ssh_config_path=str(tmp_path / "none"))
-    inv.select("all")
+    _, b = inv.select("all")
     text = "\n".join(inv.notes)
     assert "ansible_password/ansible_ssh_pass not used" in text and "ansible_become* not used" in text
-    assert "ignores -o ProxyCommand=nc" in text
+    assert "does not apply -C" in text and "ProxyCommand" not in text.split("does not apply")[1]
     assert "ruby" not in text
-    assert inv.hosts["b"].proxy_jump == "jump:2200"
+    # as ssh takes them: the first of ProxyJump / ProxyCommand wins
+    assert (b.ssh.proxy_jump, b.ssh.proxy_command, b.ssh.via.address, b.ssh.via.port) == ("jump:2200", None,
+                                                                                          "jump", 2200)
 
 
 def test_user_vars_are_kept(tmp_path):
@@ -436,6 +439,92 @@ def test_sglfleet_settings_are_validated_where_written_and_old_names_get_a_note(
         assert f"{path}:4" in str(info.value) and message in str(info.value), str(info.value)
 
 
+# ---------------------------------------------------------------- INI, directories, @FILE, merge keys
+# (each also checked against ansible-core in test_ansible_differential.py)
+
+INI = """\
+# an INI inventory without extension
+lonely ansible_host=127.0.0.5
+[gpu]
+ct[129:130] ansible_user=deploy
+ct131:2222 ansible_host=127.0.0.13 tags="['a', 'b']" label="two words"
+[gpu:vars]
+ansible_python_interpreter=/root/ml-env/bin/python3
+batch=4
+[fleet:children]
+gpu
+"""
+
+
+def test_ini_inventory_is_read_as_ansible_reads_it(tmp_path):
+    inv = load_inventory(write(tmp_path, INI, "hosts"), ssh_config_path=str(tmp_path / "none"))
+    assert list(inv.hosts) == ["lonely", "ct129", "ct130", "ct131"]
+    assert names(inv, "fleet") == ["ct129", "ct130", "ct131"] and names(inv, "ungrouped") == ["lonely"]
+    ct131 = inv.hosts["ct131"]
+    assert (ct131.address, ct131.port, ct131.python) == ("127.0.0.13", 2222, "/root/ml-env/bin/python3")
+    assert ct131.vars["tags"] == ["a", "b"] and ct131.vars["label"] == "two words" and ct131.vars["batch"] == 4
+    assert inv.hosts["ct129"].user == "deploy" and set(inv.hosts["ct129"].groups) == {"gpu", "fleet"}
+
+
+@pytest.mark.parametrize("text,line,message", [
+    ("[gpu]\nct129 ansible_port=x\n", 2, "'ansible_port' of host 'ct129' must be an integer port number"),
+    ("[gpu]\nct129\n[gpu:vars]\nsglfleet_model_dir=/m\n", 4, "unknown sglfleet setting 'sglfleet_model_dir'"),
+    ("[gpu]\nct129\n[gpu:childs]\nx\n", 3, "unknown type 'childs'"),
+    ("[gpu:children]\nmissing\n[x]\nh\n", 2, "names group 'missing', which is never declared"),
+    ("[a:children]\nb\n[b:children]\na\n", 4, "a loop"),
+    ("[gpu]\nweb[3:1]\n", 2, "is empty (begin > end)"),
+])
+def test_bad_ini_reports_file_and_line(tmp_path, text, line, message):
+    path = write(tmp_path, text, "hosts.ini")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(path, ssh_config_path=str(tmp_path / "none"))
+    assert str(info.value).startswith(f"{path}:{line}: ") and message in str(info.value), str(info.value)
+
+
+def test_other_ansible_inventory_plugins_are_refused_by_name(tmp_path):
+    script = write(tmp_path, "#!/bin/sh\necho '{}'\n", "inventory.sh")
+    script.chmod(0o755)
+    toml = write(tmp_path, "[web.hosts]\n", "hosts.toml")
+    for path, words in ((script, "executable inventory script"), (toml, "TOML inventory")):
+        with pytest.raises(ConfigError) as info:
+            load_inventory(path, ssh_config_path=str(tmp_path / "none"))
+        assert str(info.value).startswith(f"{path}:1: ") and words in str(info.value)
+    executable_yaml = write(tmp_path, "all:\n  hosts:\n    a:\n", "exec.yaml")  # no #!: Ansible reads it
+    executable_yaml.chmod(0o755)
+    assert list(load_inventory(executable_yaml, ssh_config_path=str(tmp_path / "none")).hosts) == ["a"]
+
+
+def test_inventory_directory_skips_what_ansible_skips_and_reads_its_vars_dirs(tmp_path):
+    inv_dir = tmp_path / "inventory"
+    (inv_dir / "group_vars").mkdir(parents=True)
+    write(inv_dir, "[web]\nw1\n", "10-web.ini")
+    write(inv_dir, "all:\n  hosts:\n    y1:\n", "20-more.yml")
+    for name in ("README.md", "hosts.bak", "10-web.ini~", "x.retry", ".hidden", "ansible.cfg", "n.txt"):
+        write(inv_dir, "[web]\nnot-read\n", name)
+    write(inv_dir / "group_vars", "color: blue\n", "web.yml")
+    inv = load_inventory(inv_dir, ssh_config_path=str(tmp_path / "none"))
+    assert list(inv.hosts) == ["w1", "y1"] and inv.hosts["w1"].vars == {"color": "blue"}
+    assert inv.known_hosts_path == str(tmp_path / "inventory.known_hosts")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no file Ansible would read"):
+        load_inventory(tmp_path / "empty", ssh_config_path=str(tmp_path / "none"))
+
+
+def test_limit_file_patterns_one_per_line(fleet, tmp_path):
+    retry = write(tmp_path, "ct130\n\nlab\n!db1\n", "site.retry")
+    assert names(fleet, f"@{retry}") == ["ct129", "ct130"]  # in the order `all` lists them
+    assert names(fleet, f"ct131,@{retry}") == ["ct129", "ct130", "ct131"]
+    typo = write(tmp_path, "ct130\nct13O\n", "typo.retry")
+    with pytest.raises(ConfigError) as info:
+        fleet.select(f"@{typo}")
+    assert str(info.value).startswith(f"{typo}:2: 'ct13O' is not a host or group")
+    empty = write(tmp_path, "\n", "empty.retry")
+    with pytest.raises(ConfigError, match="names no host pattern; Ansible would then limit nothing"):
+        fleet.select(f"@{empty}")
+    with pytest.raises(ConfigError, match="limit file .* not found"):
+        fleet.select(f"@{tmp_path / 'missing.retry'}")
+
+
 def test_yaml_merge_keys_with_explicit_overrides(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         all:
@@ -454,16 +543,18 @@ def test_yaml_merge_keys_with_explicit_overrides(tmp_path):
                              "dup.yaml"), ssh_config_path=str(tmp_path / "none"))
 
 
-def test_limit_file_patterns_one_per_line(fleet, tmp_path):
-    retry = write(tmp_path, "ct130\n\nlab\n!db1\n", "site.retry")
-    assert names(fleet, f"@{retry}") == ["ct129", "ct130"]  # in the order `all` lists them
-    assert names(fleet, f"ct131,@{retry}") == ["ct129", "ct130", "ct131"]
-    typo = write(tmp_path, "ct130\nct13O\n", "typo.retry")
-    with pytest.raises(ConfigError) as info:
-        fleet.select(f"@{typo}")
-    assert str(info.value).startswith(f"{typo}:2: 'ct13O' is not a host or group")
-    empty = write(tmp_path, "\n", "empty.retry")
-    with pytest.raises(ConfigError, match="names no host pattern; Ansible would then limit nothing"):
-        fleet.select(f"@{empty}")
-    with pytest.raises(ConfigError, match="limit file .* not found"):
-        fleet.select(f"@{tmp_path / 'missing.retry'}")
+def test_ansible_inventory_settings_are_the_default_source(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    write(project, "[web]\nw1 ansible_host=127.0.0.1\n", "hosts.ini")
+    write(project, "[defaults]\ninventory = ./hosts.ini  ; a comment\n", "ansible.cfg")
+    env = {"HOME": str(tmp_path), "ANSIBLE_CONFIG": "", "SGLFLEET_INVENTORY": "", "ANSIBLE_INVENTORY": ""}
+    env.pop("ANSIBLE_CONFIG")
+    proc = sglfleet("hosts", "all", env={**env, "ANSIBLE_CONFIG": str(project / "ansible.cfg")}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "w1" in proc.stdout
+    assert f"inventory: {project / 'hosts.ini'} (chosen by inventory = in {project / 'ansible.cfg'})" in \
+        proc.stderr.replace("\n", "")
+    write(tmp_path, "all:\n  hosts:\n    e1:\n", "env.yaml")
+    proc = sglfleet("hosts", "all", env={**env, "ANSIBLE_INVENTORY": "env.yaml"}, cwd=tmp_path)
+    assert proc.returncode == 0 and "e1" in proc.stdout and "(chosen by ANSIBLE_INVENTORY)" in proc.stderr

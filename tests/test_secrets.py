@@ -178,13 +178,15 @@ def test_a_deploy_with_an_api_key_and_a_secret_env_leaves_no_secret_in_the_bundl
     with tarfile.open(archives[0]) as tar:
         names = tar.getnames()
     assert {"server/launch.sh", "server/deployment.json", "server/sglang.env"} <= set(names)
-    from orchestrator.fleet.inventory import load_inventory
     from orchestrator.fleet.hostkeys import KnownHosts
+    from orchestrator.fleet.inventory import load_inventory
     from orchestrator.fleet.transport import Connection
 
+    from orchestrator.spec.profile import load_profile
+
     inventory = load_inventory(lab.inventory_path)
+    where = hostlib.server_paths(load_profile(profile).name)
     with Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path)) as conn:
-        modes = conn.run("stat -c '%a %n' /var/lib/sglfleet/servers/secret/launch.sh "
-                         "/var/lib/sglfleet/servers/secret/sglang.env /var/lib/sglfleet/servers/secret/deployment.json")
+        modes = conn.run(f"stat -c '%a %n' {where['launch_script']} {where['env_file']} {where['record']}")
     assert modes.ok, modes.stderr_text
     assert [line.split()[0] for line in modes.stdout_text.splitlines()] == ["700", "600", "600"]

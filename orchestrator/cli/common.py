@@ -20,11 +20,12 @@ import typer
 from ..errors import ConfigError
 from ..fleet.group import DEFAULT_FORKS, Group, GroupResult
 from ..stages.health import DEFAULT_TIMEOUTS
-from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory_path, load_inventory
+from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory, load_inventory
 from . import output
 
-InventoryOpt = typer.Option(None, "-i", "--inventory", help="Inventory YAML (default: $SGLFLEET_INVENTORY, "
-                            "else inventory/lab.yaml when the lab is up).")
+InventoryOpt = typer.Option(None, "-i", "--inventory", help="Inventory: an Ansible YAML or INI file, or a "
+                            "directory of them (default: $SGLFLEET_INVENTORY, else $ANSIBLE_INVENTORY or "
+                            "ansible.cfg's inventory, else inventory/lab.yaml when the lab is up).")
 ForksOpt = typer.Option(DEFAULT_FORKS, "--forks", "-f", help="How many hosts to work on at once.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 PolicyOpt = typer.Option(None, "--host-key-policy",
@@ -44,12 +45,26 @@ GLOBALS = Globals()
 
 
 def inventory(path: Optional[str]) -> Inventory:
-    """The subcommand's -i, else the one given before it, else $SGLFLEET_INVENTORY or the lab's."""
-    chosen = path or GLOBALS.inventory or default_inventory_path()
+    """The subcommand's -i, else the one given before it, else the default (`default_inventory`:
+    $SGLFLEET_INVENTORY, Ansible's ANSIBLE_INVENTORY or ansible.cfg, the lab's), which is named on
+    stderr when Ansible's settings chose it."""
+    given = path or GLOBALS.inventory
+    if given:
+        return load_inventory(given)
+    chosen = default_inventory()
     if chosen is None:
-        raise ConfigError("no inventory given: pass -i FILE, set SGLFLEET_INVENTORY, "
-                          "or start the local lab with `sglfleet lab up`")
-    return load_inventory(chosen)
+        raise ConfigError("no inventory given: pass -i FILE (or a directory), set SGLFLEET_INVENTORY or "
+                          "ANSIBLE_INVENTORY, set `inventory =` in ansible.cfg, or start the local lab with "
+                          "`sglfleet lab up`")
+    try:
+        inv = load_inventory(chosen.paths)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (the inventory chosen by {chosen.chosen_by})") from None
+    inv.chosen_by = chosen.chosen_by
+    if chosen.chosen_by not in ("SGLFLEET_INVENTORY", "the lab (inventory/lab.yaml)"):
+        output.stderr.print(f"inventory: {output.escape(', '.join(chosen.paths))} (chosen by "
+                            f"{output.escape(chosen.chosen_by)})", highlight=False)
+    return inv
 
 
 def host_key_policy(value: Optional[str]) -> Optional[str]:

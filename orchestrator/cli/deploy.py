@@ -18,6 +18,7 @@ from ..stages.runs import run_dir
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
 from . import rollout as rolling
+from .option_paths import output_dir
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
                      health_timeouts, inventory, run_group)
 
@@ -50,7 +51,8 @@ def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path:
                                                           "stage after the port opens."),
            manager: Optional[str] = typer.Option(None, "--manager", help="systemd | supervisor (default: systemd "
                                                  "where it is PID 1; inventory var sglfleet_server_manager)."),
-           runs: str = typer.Option("runs", "--runs-dir", help="Where results and failure logs are stored."),
+           runs: str = typer.Option("runs", "--runs-dir", callback=output_dir(),
+                                    help="Where results and failure logs are stored."),
            rolling_opt: bool = typer.Option(False, "--rolling", help="One batch at a time behind the routers "
                                             "(sglfleet_router_url): out, drained, deployed, healthy, back in."),
            batch: str = rolling.BatchOpt, max_unavailable: Optional[str] = rolling.MaxUnavailableOpt,

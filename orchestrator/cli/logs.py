@@ -19,6 +19,7 @@ from ..stages import logs as stage
 from ..stages import metrics as metrics_stage
 from ..stages.runs import run_dir
 from . import output
+from .option_paths import output_dir, output_file
 from .common import InventoryOpt, JsonOpt, PatternArg, PolicyOpt, host_key_policy, inventory, run_group
 
 ProfileOpt = typer.Argument(None, help="Profile name (or .yaml); default: the only server on each host.")
@@ -27,7 +28,8 @@ SinceOpt = typer.Option(None, "--since", help="From this time: 10m, 2h, 1d ago, 
 UntilOpt = typer.Option(None, "--until", help="Up to this time (same forms as --since, not `last`).")
 # -f is --follow here (as in docker compose logs and journalctl), so --forks has no short form.
 ForksOpt = typer.Option(DEFAULT_FORKS, "--forks", help="How many hosts to work on at once.")
-RunsOpt = typer.Option("runs", "--runs-dir", help="Where bundles, results and kept cursors live.")
+RunsOpt = typer.Option("runs", "--runs-dir", callback=output_dir(), help="Where bundles, results and kept "
+                       "cursors live.")
 # docker compose's palette order: one color per host, in pattern order.
 COLORS = ["36", "33", "32", "35", "34", "91", "96", "93", "92", "95", "94", "31"]
 
@@ -184,8 +186,9 @@ def _bundle(inv: Any, pattern: str, query: stage.Query, runs: str, forks: int, a
 
 def metrics_command(pattern: str = PatternArg, profile: Optional[str] = ProfileOpt,
                     since: Optional[str] = SinceOpt, until: Optional[str] = UntilOpt,
-                    csv_path: Optional[str] = typer.Option(None, "--csv", help="Write every decode line as a CSV row."),
-                    plot_dir: Optional[str] = typer.Option(None, "--plot", help="Write PNG charts (accept length, "
+                    csv_path: Optional[str] = typer.Option(None, "--csv", callback=output_file(),
+                                                           help="Write every decode line as a CSV row."),
+                    plot_dir: Optional[str] = typer.Option(None, "--plot", callback=output_dir(), help="Write PNG charts (accept length, "
                                                            "throughput over time per host) into this directory."),
                     ratio: float = typer.Option(metrics_stage.OUTLIER_RATIO, "--outlier-ratio",
                                                 help="Flag hosts whose median accept length is below this x the "
@@ -222,11 +225,15 @@ def metrics_command(pattern: str = PatternArg, profile: Optional[str] = ProfileO
     records = {name: r.value for name, r in results.items() if r.ok}
     summary = metrics_stage.summarize(records, ratio)
     extra: dict[str, Any] = {}
-    if csv_path:
-        extra["csv"] = {"file": csv_path, "rows": metrics_stage.write_csv(records, csv_path)}
-    if plot_dir:
-        charts = metrics_stage.plot(records, plot_dir)
-        extra["plots"] = {k: v["file"] for k, v in charts.items()}
+    try:  # the paths were checked before any host was contacted; a write can still fail (a full disk)
+        if csv_path:
+            extra["csv"] = {"file": csv_path, "rows": metrics_stage.write_csv(records, csv_path)}
+        if plot_dir:
+            charts = metrics_stage.plot(records, plot_dir)
+            extra["plots"] = {k: v["file"] for k, v in charts.items()}
+    except OSError as exc:
+        option, path = ("--csv", csv_path) if "csv" not in extra and csv_path else ("--plot", plot_dir)
+        raise ConfigError(f"{option} {path}: could not write it: {exc.strerror or exc}") from None
     code = results.exit_code or (1 if fail_on_outlier and summary["flagged"] else 0)
     if as_json:
         output.print_json({"command": "metrics", "pattern": pattern, "summary": summary, **extra,

@@ -16,6 +16,7 @@ from ..spec.patchset import module_name, package_relative
 from ..spec.profile import load_profile
 from ..stages import kernels, release
 from . import output
+from .option_paths import output_dir
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line, inventory,
                      on_one_host, report, run_group)
 
@@ -198,7 +199,8 @@ def rollback(pattern: str = PatternArg,
 def patchset_init(from_dir: Path = typer.Option(..., "--from", help="Directory of edited files (flat, or laid "
                                                  "out as in the package, e.g. srt/server_args.py)."),
                   against: str = typer.Option(..., "--against", help="Host whose installed package is pristine."),
-                  out: Optional[Path] = typer.Option(None, "--out", help="Patchset directory to write "
+                  out: Optional[Path] = typer.Option(None, "--out", callback=output_dir(),
+                                                     help="Patchset directory to write "
                                                      "(default: patches/NAME)."),
                   name: Optional[str] = typer.Option(None, "--name", help="Patchset name (default: DIR's name)."),
                   package: str = typer.Option("sglang", help="The package the files belong to."),

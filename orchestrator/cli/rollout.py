@@ -199,8 +199,8 @@ def report(doc: dict[str, Any]) -> None:
             detail = h.get("detail") or {}
             if detail.get("server_log"):
                 output.stdout.print("[bold]server log since its start:[/]")
-                sys.stdout.write(detail["server_log"] if detail["server_log"].endswith("\n")
-                                 else detail["server_log"] + "\n")
+                output.write_host_text(detail["server_log"] if detail["server_log"].endswith("\n")
+                                       else detail["server_log"] + "\n")
                 sys.stdout.flush()
     mins = doc.get("min_healthy_workers") or {}
     if mins:

@@ -20,6 +20,7 @@ from ..stages.render import render, server_facts
 from ..stages.runs import run_dir
 from ..stages.smoke import simulate_for, smoke_host, store
 from . import output
+from .option_paths import output_dir
 from .common import ForksOpt, InventoryOpt, JsonOpt, PolicyOpt, inventory, on_one_host, run_group
 
 WHAT = ("command", "env", "unit", "launch-script")
@@ -73,7 +74,7 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
           local: Optional[str] = typer.Option(None, "--local", help="PROFILE: run the probe against a local "
                                               "SGLang install instead of hosts (offline preflight)."),
           python: Optional[str] = typer.Option(None, "--python", help="Interpreter for --local (default: this one)."),
-          runs: str = typer.Option("runs", "--runs-dir", help="Where results are stored."),
+          runs: str = typer.Option("runs", "--runs-dir", callback=output_dir(), help="Where results are stored."),
           host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Run SGLang's prepare_server_args AND its full validation with the rendered flags on each host."""
     if local:

@@ -1,5 +1,8 @@
-"""Ansible YAML inventories: the hosts, groups and connection settings ansible-core 2.19 reads.
+"""Ansible inventories: the hosts, groups and connection settings ansible-core 2.19 reads.
 
+A source is a YAML file, an INI file (`ini_inventory`; told apart by content, as Ansible's
+plugins try them), a directory of such files, or several sources merged in order
+(`inventory_sources`: which files, and the default source from Ansible's own settings).
 An inventory a user already has for Ansible means the same here: the same hosts (ranges such as
 `www[01:50].example.com` expanded, `host:port` keys split), the same groups (`all`, `ungrouped`,
 children), the same variables per host, and the same SSH target:
@@ -41,10 +44,11 @@ from typing import Any, Callable, Sequence
 import paramiko
 
 from ..errors import ConfigError
-from ..spec.yamlsrc import SourceMap, load_yaml, read_text
-from . import patterns
+from ..spec.yamlsrc import SourceMap, load_yaml, read_text, without_location
+from . import inventory_sources, patterns
 from .hostkeys import KnownHosts
 from .hostnames import BadRange, expand_ranges, split_host_key
+from .ini_inventory import parse_ini
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GROUP_KEYS = ("hosts", "vars", "children")
@@ -249,10 +253,15 @@ class _Parser:
     def __init__(self, shown: str):
         self.shown = shown
         self.groups: dict[str, _Group] = {"all": _Group("all", 1), "ungrouped": _Group("ungrouped", 1)}
-        self._link("all", "ungrouped", None, None)
+        self.link("all", "ungrouped", None, None)
         self.hosts: dict[str, _HostDef] = {}
 
-    def _link(self, parent: str, child: str, where: SourceMap | None, key: Any) -> None:
+    def add_group(self, name: str, where: SourceMap, key: Any) -> _Group:
+        if name not in self.groups:
+            self.groups[name] = _Group(name, where.line_of(key))
+        return self.groups[name]
+
+    def link(self, parent: str, child: str, where: SourceMap | None, key: Any) -> None:
         p, c = self.groups[parent], self.groups[child]
         if child in p.children:
             return
@@ -273,14 +282,13 @@ class _Parser:
                 todo.extend(self.groups[g].parents)
         return seen
 
-    def document(self, data: Any) -> None:
-        if data is None:
-            raise ConfigError("the inventory is empty; expected a mapping with an 'all' group", self.shown, 1)
-        if not isinstance(data, SourceMap):
-            raise ConfigError("the inventory must be a mapping of groups (e.g. 'all:')", self.shown, 1)
+    def document(self, data: SourceMap) -> None:
+        """A YAML inventory's top mapping (the caller has checked it is one)."""
         if "plugin" in data:
-            raise data.error("this is an inventory plugin's configuration (it has 'plugin:'), not a YAML "
-                             "inventory; sglfleet reads YAML inventories only", "plugin")
+            raise data.error(f"this is the configuration of Ansible's {data['plugin']!r} inventory plugin (it "
+                             "has 'plugin:'), not a YAML inventory; sglfleet reads YAML and INI inventories "
+                             "only (save what the plugin lists with `ansible-inventory -i FILE --list -y`)",
+                             "plugin")
         for name, body in data.items():
             self.group(name, body, data)
 
@@ -290,9 +298,7 @@ class _Parser:
         if body is not None and not isinstance(body, SourceMap):
             raise where.error(f"group '{name}' must be a mapping with hosts/vars/children, got "
                               f"{type(body).__name__} (Ansible would skip it with a warning)", name)
-        if name not in self.groups:
-            self.groups[name] = _Group(name, where.line_of(name))
-        group = self.groups[name]
+        group = self.add_group(name, where, name)
         if body is None:
             return name
         for key in body:
@@ -318,7 +324,7 @@ class _Parser:
                     if child == "all":
                         raise section.error("'all' cannot be a child group", child)
                     child_name = self.group(child, child_body, section)
-                    self._link(name, child_name, section, child)
+                    self.link(name, child_name, section, child)
             else:
                 for host_key, host_vars in section.items():
                     self.host_entry(group, section, host_key, host_vars)
@@ -367,7 +373,7 @@ class _Parser:
         """Ansible's reconcile step: top groups join `all`; hosts in no other group are `ungrouped`."""
         for name, group in list(self.groups.items()):
             if name != "all" and not group.parents:
-                self._link("all", name, None, None)
+                self.link("all", name, None, None)
         if not self.hosts:
             raise ConfigError("the inventory defines no hosts", self.shown, 1)
         ungrouped = self.groups["ungrouped"]
@@ -425,7 +431,8 @@ class Inventory:
     """Hosts and groups of one inventory file, with Ansible's pattern selection."""
 
     def __init__(self, path: str, hosts: dict[str, Host], groups: dict[str, _Group],
-                 depths: dict[str, int], implicit_vars: dict[str, Any] | None = None):
+                 depths: dict[str, int], implicit_vars: dict[str, Any] | None = None,
+                 known_hosts_path: str | None = None):
         self.path = path
         self.hosts = hosts  # name -> Host, in the order Ansible first sees them
         self._groups = groups
@@ -434,7 +441,8 @@ class Inventory:
         self._orders: dict[str, patterns.GroupOrder] = {}
         self._members: dict[str, set[str]] | None = None
         self._host_names: list[str] | None = None
-        self.known_hosts_path = str(Path(path).with_suffix("")) + ".known_hosts"
+        self.known_hosts_path = known_hosts_path or str(Path(path).with_suffix("")) + ".known_hosts"
+        self.chosen_by: str | None = None  # the setting that named the inventory, when not -i
         self.notes: list[str] = []  # the notes of the last selection, also logged
 
     # -- the PatternSource protocol
@@ -557,26 +565,68 @@ def _load_document(path: str | Path, shown: str) -> Any:
     return load_yaml(path, shown, what="the inventory", fast=True)
 
 
-def load_inventory(path: str | Path, ssh_config_path: str | None = None) -> Inventory:
+def load_inventory(path: str | Path | Sequence[str | Path], ssh_config_path: str | None = None) -> Inventory:
+    """One inventory from a source (a YAML or INI file, or a directory of them) or several, merged
+    in order, as `ansible -i A -i B` merges them."""
     # Loading makes millions of small objects and no reference cycles: the cyclic collector would
     # scan them again and again as they pile up (and once more on the first select). Off while
     # loading, then the survivors are moved out of its sight (gc.freeze; refcounting still frees them).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _load_inventory(path, ssh_config_path)
+        sources = [path] if isinstance(path, (str, Path)) else list(path)
+        return _load_inventory(sources, ssh_config_path)
     finally:
         gc.freeze()
         if collecting:
             gc.enable()
 
 
-def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
+def _read_inventory_file(parser: _Parser, path: Path) -> None:
+    """One file into the graph, tried as Ansible's plugins try it: YAML first when the extension
+    lets the yaml plugin take it (none, .yaml, .yml, .json) and the document is a mapping, else
+    INI (any file; the ini plugin goes by content, not by extension)."""
     shown = str(path)
+    inventory_sources.refuse_other_plugins(path, shown)
+    text = read_text(path, shown, "the inventory")  # a missing, unreadable or non-UTF-8 file ends here
+    yaml_problem: ConfigError | None = None
+    if inventory_sources.reads_as_yaml(path):
+        try:
+            data = _load_document(path, shown)
+        except ConfigError as exc:
+            yaml_problem = exc
+        else:
+            if isinstance(data, SourceMap):
+                parser.document(data)
+                return
+            if data is not None:
+                yaml_problem = ConfigError(f"a YAML inventory is a mapping of groups (e.g. 'all:'), this "
+                                           f"document is a {type(data).__name__}", shown, 1)
+    try:
+        parse_ini(text, shown, parser)
+    except ConfigError as ini_problem:
+        if yaml_problem is None:
+            raise
+        if path.suffix in (".yaml", ".yml", ".json"):  # its name says YAML: the YAML problem is the one
+            raise yaml_problem from None
+        # no extension: Ansible tries both and shows both
+        raise ConfigError(f"{without_location(ini_problem)} (read as INI; as YAML it fails too, at line "
+                          f"{yaml_problem.line or 1}: {without_location(yaml_problem)})",
+                          shown, ini_problem.line) from None
+
+
+def _load_inventory(sources: list[str | Path], ssh_config_path: str | None) -> Inventory:
+    if not sources:
+        raise ConfigError("no inventory source given")
+    shown = ", ".join(str(s) for s in sources)
     parser = _Parser(shown)
-    parser.document(_load_document(path, shown))
+    for source in sources:
+        for file in inventory_sources.inventory_files(source):
+            _read_inventory_file(parser, file)
     parser.finish()
-    inventory_dir = Path(path).resolve().parent
+    # group_vars/ and host_vars/ beside each source: in a directory source, inside it
+    basedirs = [Path(s).resolve() if Path(s).is_dir() else Path(s).resolve().parent for s in sources]
+    inventory_dir = basedirs[0]
     depths = _group_depths(parser.groups)
     ssh_config = _load_ssh_config(ssh_config_path)
     local_user = _local_user()
@@ -596,8 +646,15 @@ def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
         for h in group.hosts:
             direct.setdefault(h, []).append(group.name)
     layered: dict[frozenset[str], tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]] = {}
-    group_files = _VarsDir(inventory_dir / "group_vars")
-    host_files = _VarsDir(inventory_dir / "host_vars")
+    group_files = [_VarsDir(b / "group_vars") for b in basedirs]
+    host_files = [_VarsDir(b / "host_vars") for b in basedirs]
+
+    def file_vars(dirs: list[_VarsDir], names: Sequence[str], kind: str, merged: dict, origins: dict) -> None:
+        for vars_dir in dirs:  # per source, then per group (Ansible's get_vars_from_inventory_sources)
+            for name in names:
+                found, found_origins = vars_dir.vars_of(name, f"{kind} '{name}'")
+                merged.update(found)
+                origins.update(found_origins)
 
     def group_layers(member_of: frozenset[str]):
         if member_of not in layered:
@@ -607,10 +664,9 @@ def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
             for g in ordered:  # deeper, higher-priority, later-named groups win
                 merged.update(parser.groups[g].vars)
                 origins.update(parser.groups[g].origins)
-            for g in ordered:  # then group_vars/ files, in the same order, over every inventory group var
-                file_vars, file_origins = group_files.vars_of(g, f"group '{g}'")
-                merged.update(file_vars)
-                origins.update(file_origins)
+            # then group_vars/ files over every inventory group var: 'all' first, then the others
+            file_vars(group_files, ["all"], "group", merged, origins)
+            file_vars(group_files, [g for g in ordered if g != "all"], "group", merged, origins)
             layered[member_of] = (tuple(g for g in ordered if g != "all"), merged, origins)
         return layered[member_of]
 
@@ -618,15 +674,17 @@ def _load_inventory(path: str | Path, ssh_config_path: str | None) -> Inventory:
     for name, definition in parser.hosts.items():
         member_of = frozenset().union(*(closure(g) for g in direct.get(name, ()))) | {"all"}
         group_names, merged, origins = group_layers(member_of)
-        file_vars, file_origins = host_files.vars_of(name, f"host '{name}'")
-        merged = {**merged, **definition.vars, **file_vars}  # host vars over group vars, host_vars/ last
-        origins = {**origins, **definition.origins, **file_origins}
+        merged = {**merged, **definition.vars}  # host vars over group vars, host_vars/ last
+        origins = {**origins, **definition.origins}
+        file_vars(host_files, [name], "host", merged, origins)
         hosts[name] = _build_host(name, merged, origins, group_names, ssh_config, inventory_dir, local_user,
                                   shown)
-    if os.path.exists(str(Path(path).with_suffix("")) + ".known_hosts"):
-        KnownHosts(str(Path(path).with_suffix("")) + ".known_hosts").validate()
-    implicit_vars = {**parser.groups["all"].vars, **group_files.vars_of("all", "group 'all'")[0]}
-    return Inventory(shown, hosts, parser.groups, depths, implicit_vars)
+    known_hosts = str(Path(sources[0]).with_suffix("")) + ".known_hosts"
+    if os.path.exists(known_hosts):
+        KnownHosts(known_hosts).validate()
+    implicit_vars = dict(parser.groups["all"].vars)
+    file_vars(group_files, ["all"], "group", implicit_vars, {})
+    return Inventory(shown, hosts, parser.groups, depths, implicit_vars, known_hosts_path=known_hosts)
 
 
 class _VarsDir:
@@ -851,12 +909,28 @@ def match_pattern(pattern: str, inventory: Inventory) -> set[str]:
     return {h.name for h in inventory.select(pattern)}
 
 
-def default_inventory_path(repo_root: Path | None = None) -> str | None:
-    """`SGLFLEET_INVENTORY`, else `inventory/lab.yaml` when the lab is up."""
+ANSIBLE_DEFAULT_HOSTS = "/etc/ansible/hosts"
+
+
+def default_inventory(repo_root: Path | None = None) -> inventory_sources.DefaultSource | None:
+    """The inventory when no -i is given: `SGLFLEET_INVENTORY`; else Ansible's own setting
+    (`ANSIBLE_INVENTORY`, else `inventory =` of the ansible.cfg Ansible reads); else
+    `inventory/lab.yaml` when the lab is up; else Ansible's default /etc/ansible/hosts if it exists."""
     env = os.environ.get("SGLFLEET_INVENTORY")
     if env:
-        return env
-    root = repo_root or Path.cwd()
-    lab = root / "inventory" / "lab.yaml"
-    return str(lab) if lab.exists() else None
+        return inventory_sources.DefaultSource((env,), "SGLFLEET_INVENTORY")
+    ansible = inventory_sources.default_source()
+    if ansible is not None:
+        return ansible
+    lab = (repo_root or Path.cwd()) / "inventory" / "lab.yaml"
+    if lab.exists():
+        return inventory_sources.DefaultSource((str(lab),), "the lab (inventory/lab.yaml)")
+    if os.path.exists(ANSIBLE_DEFAULT_HOSTS):
+        return inventory_sources.DefaultSource((ANSIBLE_DEFAULT_HOSTS,), "Ansible's default inventory")
+    return None
 
+
+def default_inventory_path(repo_root: Path | None = None) -> str | None:
+    """The first source of `default_inventory` (kept for callers of the old API)."""
+    chosen = default_inventory(repo_root)
+    return chosen.paths[0] if chosen else None
