@@ -129,7 +129,7 @@ def test_unreachable_host_fails_with_clear_error(inventory):
     from dataclasses import replace
 
     from orchestrator.errors import ConnectError
-    nowhere = replace(inventory.hosts["ct129"], address="127.0.9.9")
+    nowhere = replace(inventory.select("ct129")[0], address="127.0.9.9")
     with pytest.raises(ConnectError, match=r"cannot connect to root@127\.0\.9\.9:22 after 3 attempts"):
         Connection(nowhere, KnownHosts(inventory.known_hosts_path)).run("true")
 
@@ -146,7 +146,7 @@ def test_latency_proxy_adds_delay(inventory, lab):
 
     from orchestrator.fleet.hostkeys import known_hosts_name
     from orchestrator.lab.proxy import LatencyProxy
-    host = inventory.hosts["ct129"]
+    (host,) = inventory.select("ct129")
     proxy = LatencyProxy((host.address, 22), delay_ms=100).start()
     try:
         known = KnownHosts(inventory.known_hosts_path + ".proxy")

@@ -19,8 +19,10 @@ Variables, lowest precedence first (Ansible's): groups sorted by depth (`all` fi
 order; then the host's own vars, then its `host_vars/` files. A host or group defined twice keeps
 the later value of a var. Connection settings come only from Ansible's connection variables, the
 `ssh` plugin's way (`ansible_ssh_host` over `ansible_host`, likewise for port, user, key file and
-timeout), then from `~/.ssh/config` for the target address, then SSH's defaults (port 22, the
-local user). `ansible_connection: local` runs on this machine. Every other var is the user's own
+timeout), passed to OpenSSH as that plugin passes them: a selected host is resolved by `ssh -G`
+with the user's ssh config (`ssh_resolve`), so Hostname, Port, User, keys and ProxyJump /
+ProxyCommand are what `ssh` itself would use. `ansible_connection: local` runs on this machine.
+Every other var is the user's own
 (`port: 8080` is an application's port, not SSH's). sglfleet's own settings carry a `sglfleet_`
 prefix (`sglfleet_models_dir`, `sglfleet_host_key_policy`, `sglfleet_proxy_jump`).
 
@@ -30,22 +32,22 @@ What Ansible would do differently only with a warning, or not at all, is refused
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import gc
 import logging
 import os
 import pwd
-import shlex
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import paramiko
 
 from ..errors import ConfigError
 from ..spec.yamlsrc import SourceMap, load_yaml, read_text, without_location
-from . import inventory_sources, patterns
+from . import inventory_sources, patterns, ssh_resolve
 from .hostkeys import KnownHosts
 from .hostnames import BadRange, expand_ranges, split_host_key
 from .ini_inventory import parse_ini
@@ -94,26 +96,20 @@ def _as_seconds(value: Any) -> float:
 
 
 def _as_jump(value: Any) -> str:
-    """`[user@]host[:port]`, one hop (chains belong in ~/.ssh/config)."""
+    """ProxyJump as ssh takes it: `none`, or hops `[user@]host[:port]` (or ssh://...) joined by commas."""
     text = _as_str(value).strip()
     if not text:
-        raise ValueError("must be [user@]host[:port]")
-    if "," in text:
-        raise ValueError("with several hops is not supported; chain them in ~/.ssh/config instead")
-    _, _, hostport = text.rpartition("@")
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else (None if not rest else "x")
-    else:
-        host, sep, port = hostport.partition(":")
-        port = port if sep else None
-    if not host:
-        raise ValueError("must be [user@]host[:port], the host is missing")
-    if port is not None:
+        raise ValueError("must be [user@]host[:port] (several hops joined by commas), or none")
+    if text == "none":
+        return text
+    shape = "[user@]host[:port]" + (" hops joined by commas" if "," in text else "")
+    for hop in text.split(","):
+        if not hop.strip():
+            raise ValueError(f"must be {shape}; {text!r} has an empty hop")
         try:
-            _as_port(port)
-        except ValueError:
-            raise ValueError(f"must be [user@]host[:port]; the port {port!r} is not a port number") from None
+            ssh_resolve.parse_jump(hop)
+        except ValueError as exc:
+            raise ValueError(f"must be {shape}; {exc}") from None
     return text
 
 
@@ -206,6 +202,10 @@ class Host:
     vars: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     connection: str = "ssh"  # "ssh", "local" (ansible_connection: local), or what Ansible named
     notes: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)  # (note, file:line)
+    # What to ask OpenSSH (ssh -G) for this host, and its answer once the host is selected
+    # (None: a Host made in code, reached at its address as it is).
+    ssh_request: ssh_resolve.Request | None = field(default=None, compare=False, hash=False)
+    ssh: ssh_resolve.SshEndpoint | None = field(default=None, compare=False, hash=False)
 
     @property
     def target(self) -> str:
@@ -513,8 +513,9 @@ class Inventory:
             self._members = {g: set(self.group_order(g).names) for g in self._groups}
         return self._members
 
-    def select(self, pattern: str) -> list[Host]:
-        """The hosts `ansible PATTERN --list-hosts` lists, in its order; or a ConfigError (exit 2)."""
+    def select(self, pattern: str, match_exec: bool = True) -> list[Host]:
+        """The hosts `ansible PATTERN --list-hosts` lists, in its order, each resolved by OpenSSH
+        (`resolve_hosts`; `match_exec=False` runs no Match exec); or a ConfigError (exit 2)."""
         chosen = patterns.select(pattern, self)
         hosts = [self.hosts[n] if n in self.hosts else self._implicit_localhost(n) for n in chosen.names]
         for host in hosts:
@@ -522,6 +523,7 @@ class Inventory:
                 origin = host.vars.get("ansible_connection")
                 raise ConfigError(f"host '{host.name}' has ansible_connection: {origin}; sglfleet connects "
                                   "over SSH (ssh, paramiko, smart) or runs locally (local) only", self.path)
+        hosts = resolve_hosts(hosts, match_exec)
         self.notes = _notes(hosts)
         for note in self.notes:
             log.warning("note: %s", note)
@@ -772,15 +774,10 @@ def _group_depths(groups: dict[str, _Group]) -> dict[str, int]:
     return depth
 
 
-def _load_ssh_config(path: str | None) -> paramiko.SSHConfig | None:
-    """The ssh config, or None without one (a lookup costs ~50 us a host even in an empty config)."""
-    path = path or os.environ.get("SGLFLEET_SSH_CONFIG") or os.path.expanduser("~/.ssh/config")
-    if os.path.exists(path):
-        try:
-            return paramiko.SSHConfig.from_path(path)
-        except Exception as exc:  # paramiko raises plain exceptions for bad config lines
-            raise ConfigError(f"cannot parse ssh config: {exc}", path) from None
-    return None
+def _load_ssh_config(path: str | None) -> ssh_resolve.SshConfigFiles:
+    """The ssh config the hosts are resolved with (see ssh_resolve.config_files); nothing is read yet:
+    OpenSSH reads it when the selected hosts are resolved."""
+    return ssh_resolve.config_files(path)
 
 
 def _first(merged: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -791,49 +788,23 @@ def _first(merged: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, 
     return None, None
 
 
-def _jump_from_ssh_args(args: str) -> tuple[str | None, list[str]]:
-    """ProxyJump from `ansible_ssh_common_args`/`_extra_args`, and the options sglfleet ignores."""
-    try:
-        words = shlex.split(args)
-    except ValueError:
-        return None, [args]
-    jump, ignored = None, []
-    i = 0
-    while i < len(words):
-        word = words[i]
-        option = None
-        if word == "-J" and i + 1 < len(words):
-            jump, i = words[i + 1], i + 2
-            continue
-        if word.startswith("-J") and len(word) > 2:
-            jump, i = word[2:], i + 1
-            continue
-        if word == "-o" and i + 1 < len(words):
-            option, i = words[i + 1], i + 2
-        elif word.startswith("-o") and len(word) > 2:
-            option, i = word[2:], i + 1
-        else:
-            ignored.append(word)
-            i += 1
-            continue
-        key, _, value = option.replace("=", " ", 1).partition(" ")
-        if key.lower() == "proxyjump":
-            jump = value.strip()
-        elif key.lower() in ("stricthostkeychecking", "userknownhostsfile", "controlmaster", "controlpath",
-                             "controlpersist", "serveraliveinterval", "serveralivecountmax"):
-            continue  # sglfleet's own host key policy and keepalives stand in for these
-        else:
-            ignored.append(f"-o {option}")
-    return jump, ignored
+# ssh keyword -> the connection setting whose inventory var passes it (for provenance)
+_OPTION_SETTINGS = {"port": "port", "identityfile": "identity_file", "user": "user",
+                    "connecttimeout": "connect_timeout", "proxyjump": "proxy_jump", "host": "address"}
 
 
 def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], groups: tuple[str, ...],
-                ssh_config: paramiko.SSHConfig | None, inventory_dir: Path, local_user: str, shown: str) -> Host:
+                ssh_config: ssh_resolve.SshConfigFiles, inventory_dir: Path, local_user: str, shown: str) -> Host:
+    """The host as the inventory says, with the `ssh -G` request Ansible's ssh plugin would make for it
+    (destination ansible_host or the name; -o Port/IdentityFile/User/ConnectTimeout from the vars,
+    then sglfleet_proxy_jump, then the ssh args); `resolve_hosts` asks OpenSSH once it is selected."""
     settings: dict[str, Any] = {}
+    setting_vars: dict[str, str] = {}
     for setting, (names, convert) in CONNECTION_VARS.items():
         var, value = _first(merged, names)
         if var is not None:
             settings[setting] = convert(value)  # validated where written; cannot fail here
+            setting_vars[setting] = var
     notes: list[str] = []
     unused: dict[str, list[str]] = {}  # reason -> the vars it covers (one note for all become vars)
     for var, reason in UNUSED_VARS.items():
@@ -852,56 +823,66 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
         connection = "ssh"
     elif connection in LOCAL_CONNECTIONS:
         connection = "local"
-    address = settings.get("address") or name
-    ssh = ssh_config.lookup(address) if ssh_config is not None else {}
-    if "address" not in settings and ssh.get("hostname"):
-        address = ssh["hostname"]
-    try:
-        port = settings.get("port") or _as_port(ssh.get("port", 22))
-    except ValueError:
-        raise ConfigError(f"host '{name}': ~/.ssh/config gives Port {ssh.get('port')!r}, not a port number",
-                          shown) from None
-    user = settings.get("user") or ssh.get("user") or local_user
-    if "identity_file" in settings:
-        identity = (settings["identity_file"],)
-    else:
-        identity = tuple(ssh.get("identityfile", ()))
-    identity = tuple(str((inventory_dir / os.path.expanduser(p)).resolve()) for p in identity)
-    proxy_jump = settings.get("proxy_jump")
-    if proxy_jump is None and "ssh_args" in settings:
-        var, args = _first(merged, CONNECTION_VARS["ssh_args"][0])
-        proxy_jump, ignored = _jump_from_ssh_args(args)
-        if proxy_jump is not None:
-            try:
-                _as_jump(proxy_jump)
-            except ValueError as exc:
-                raise ConfigError(f"host '{name}': ProxyJump in {var} {exc} (got {proxy_jump!r})", shown) from None
-        if ignored:
-            notes.append((f"{var}: sglfleet uses ProxyJump only and ignores {' '.join(ignored)}",
-                          _where(origins.get(var))))
-    if proxy_jump is None and ssh.get("proxyjump"):
-        proxy_jump = ssh["proxyjump"]
-        try:
-            _as_jump(proxy_jump)
-        except ValueError as exc:
-            raise ConfigError(f"host '{name}': ProxyJump in ~/.ssh/config {exc} (got {proxy_jump!r})",
-                              shown) from None
+    destination = str(settings.get("address") or name)
+    # As Ansible passes the key file: ~ expanded, a relative path left to ssh (the working directory).
+    key_file = os.path.expanduser(settings["identity_file"]) if "identity_file" in settings else None
+    args_vars = [v for v in CONNECTION_VARS["ssh_args"][0] if merged.get(v) not in (None, "")]
+    options, ignored = ssh_resolve.inventory_options(
+        settings.get("port"), key_file, settings.get("user"), settings.get("connect_timeout"),
+        settings.get("proxy_jump"), [_as_str(merged[v]) for v in args_vars])
+    if ignored:
+        var = args_vars[0] if len(args_vars) == 1 else "/".join(args_vars)
+        notes.append((f"{var}: sglfleet connects with what ssh resolves of -o/-J/-i/-l/-p (address, port, user, "
+                      f"keys, ProxyJump, ProxyCommand, ConnectTimeout, HostKeyAlias) and does not apply "
+                      f"{' '.join(ignored)}", _where(origins.get(args_vars[0]))))
+    sources = []
+    for keyword, setting in _OPTION_SETTINGS.items():
+        if setting in setting_vars:
+            sources.append((keyword, f"{_where(origins.get(setting_vars[setting]))} ({setting_vars[setting]})"))
+    if args_vars:
+        words = " ".join(options)
+        for keyword in ssh_resolve.APPLIED:
+            if keyword not in dict(sources) and re.search(rf"(?i)-o {keyword}[= ]", words):
+                sources.append((keyword, f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"))
+        for flag, keyword in (("-J", "proxyjump"), ("-i", "identityfile"), ("-l", "user"), ("-p", "port")):
+            if flag in options and keyword not in dict(sources):
+                sources.append((keyword, f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"))
+    request = ssh_resolve.Request(destination, tuple(options), ssh_config, tuple(sources))
     return Host(
         name=name,
-        address=str(address),
-        port=int(port),
-        user=str(user),
-        identity_files=identity,
-        proxy_jump=proxy_jump,
+        address=destination,
+        port=settings.get("port") or 22,
+        user=str(settings.get("user") or local_user),
+        identity_files=(key_file,) if key_file else (),
+        proxy_jump=settings.get("proxy_jump"),
         python=settings.get("python", "python3"),
         models_dir=settings.get("models_dir", "/root/models"),
         host_key_policy=settings.get("host_key_policy", "strict"),
-        connect_timeout=settings.get("connect_timeout", 10.0),
+        connect_timeout=settings.get("connect_timeout", ssh_resolve.DEFAULT_CONNECT_TIMEOUT),
         groups=groups,
         vars=merged,
         connection=connection,
         notes=tuple(notes),
+        ssh_request=request if connection == "ssh" else None,
     )
+
+
+def resolve_hosts(hosts: Sequence[Host], match_exec: bool = True) -> list[Host]:
+    """Each SSH host with what OpenSSH resolves for it (address, port, user, keys, proxy), all at once
+    in parallel; local hosts and hosts made in code as they are. A refused config is a ConfigError."""
+    todo = [h for h in hosts if h.ssh_request is not None and h.ssh is None]
+    found = dict(zip((h.name for h in todo),
+                     ssh_resolve.resolve_many([h.ssh_request for h in todo], match_exec)))  # type: ignore[misc]
+    return [resolved_host(h, found[h.name]) if h.name in found else h for h in hosts]
+
+
+def resolved_host(host: Host, endpoint: ssh_resolve.SshEndpoint) -> Host:
+    """The host at what OpenSSH resolved; ansible_timeout (a float) over the config's ConnectTimeout."""
+    given = dict(host.ssh_request.sources) if host.ssh_request is not None else {}
+    timeout = (host.connect_timeout if "connecttimeout" in given
+               else endpoint.connect_timeout or ssh_resolve.DEFAULT_CONNECT_TIMEOUT)
+    return dataclasses.replace(host, address=endpoint.address, port=endpoint.port, user=endpoint.user,
+                               identity_files=endpoint.identity_files, connect_timeout=timeout, ssh=endpoint)
 
 
 def match_pattern(pattern: str, inventory: Inventory) -> set[str]:

@@ -1,16 +1,28 @@
 """One SSH connection per host, reused by every step of a command run.
 
-Fabric's `Connection` sets up the client (gateway/ProxyJump, auth arguments); we replace
-its host-key handling (Fabric auto-adds keys) and run commands on raw paramiko channels,
-because we need what Fabric's runner does not give: the complete output with no cap,
-stdin streamed while output is read, and a timeout that really kills the remote command.
+The host is reached as OpenSSH would reach it (`ssh_resolve`: address, port, user, identity
+files in order, IdentitiesOnly, ConnectTimeout, HostKeyAlias), through its ProxyJump chain (one
+paramiko client per hop, each next hop a `direct-tcpip` channel of the previous one) or its
+ProxyCommand (run with the user's shell, as ssh runs it, through `paramiko.ProxyCommand`). Host
+keys are sglfleet's own (`hostkeys`: one policy, one known_hosts file) for every hop. Commands run
+on raw paramiko channels: the complete output with no cap, stdin streamed while output is read,
+and a timeout that really kills the remote command.
+
+Under SGLFLEET_LOOPBACK_ONLY every hop and the target are checked before any socket exists, and
+a ProxyCommand runs only when what it reaches can be read off it: `nc`/`ncat`/`netcat` [-4 -6 -N
+-n -v -wN -qN] HOST PORT with HOST in 127.0.0.0/8, no shell syntax (anything else can reach any
+address once it runs, so it is refused).
+Round trips: the SSH handshake per hop, once per command run; then one channel per `run`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import re
 import shlex
+import socket
 import tarfile
 import threading
 import time
@@ -18,14 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-import fabric
 import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import ConfigError, ConnectError, HostKeyError, LoopbackOnlyError
-from .hostkeys import KnownHosts, changed_key_error, known_hosts_name, make_policy
-from .inventory import Host
-from .safety import check_target
+from .hostkeys import KnownHosts, changed_key_error, make_policy
+from .inventory import Host, resolve_hosts
+from .safety import check_target, loopback_only
+from .ssh_resolve import DEFAULT_CONNECT_TIMEOUT, SshEndpoint, parse_jump
 
 # The first line of stdout of every command is this marker with the remote shell's pid.
 # sshd makes that shell a session and process-group leader, so `kill -- -PGID` reaches
@@ -109,82 +121,133 @@ class Connection:
         self.host = host
         self.known_hosts = known_hosts
         self.policy_name = host_key_policy or host.host_key_policy
+        # An inventory host that sglfleet_proxy_jump names: reached as that host (its own vars).
         self.jump_host = jump_host
         self.connect_attempts = connect_attempts
-        self._fabric: fabric.Connection | None = None
+        self._clients: list[paramiko.SSHClient] = []  # first hop ... target
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ connecting
 
-    def _make_fabric(self, host: Host, gateway: fabric.Connection | None) -> fabric.Connection:
-        # lazy=True: Fabric must not read ~/.ssh/config itself; the inventory already merged it.
-        config = fabric.Config(lazy=True)
-        connect_kwargs: dict[str, Any] = {"banner_timeout": host.connect_timeout,
-                                          "auth_timeout": host.connect_timeout}
-        if host.identity_files:
-            connect_kwargs["key_filename"] = list(host.identity_files)
-            connect_kwargs["look_for_keys"] = False
-        conn = fabric.Connection(host=host.address, user=host.user, port=host.port, config=config,
-                                 gateway=gateway or False, connect_timeout=int(host.connect_timeout),
-                                 connect_kwargs=connect_kwargs)
+    def route(self) -> list[SshEndpoint]:
+        """The endpoints connected in turn: the ProxyJump hops, first hop first, then the host."""
+        # A host not selected through Inventory.select (inventory.hosts[...]) is resolved now.
+        self.host = _resolved(self.host)
+        target = _endpoint_of(self.host)
+        if self.jump_host is not None and self.host.proxy_jump == self.jump_host.name:
+            self.jump_host = _resolved(self.jump_host)
+            jump = _endpoint_of(self.jump_host)
+            return jump.hops() + [jump, target]
+        return target.hops() + [target]
+
+    def _check_route(self, route: list[SshEndpoint]) -> None:
+        """The loopback guard for every hop and for what a ProxyCommand would reach; sends nothing."""
+        for index, endpoint in enumerate(route):
+            what = f"host {self.host.name}" if index == len(route) - 1 else f"jump host of {self.host.name}"
+            if endpoint.proxy_command is not None:
+                _check_proxy_command(endpoint, what)
+            else:
+                check_target(endpoint.address, what)
+
+    def _client(self, endpoint: SshEndpoint, sock: Any, timeout: float) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
-        # Only this host's recorded keys: paramiko checks the server's key against these.
-        name = known_hosts_name(host.address, host.port)
+        # Only this name's recorded keys: paramiko checks the server's key against these.
+        name = endpoint.key_name
         for key_type, key in self.known_hosts.keys_for(name).items():
             client.get_host_keys().add(name, key_type, key)
         client.set_missing_host_key_policy(make_policy(self.policy_name, self.known_hosts))
-        conn.client = client
-        return conn
+        # ssh skips identity files that do not exist; paramiko would fail on them
+        keys = [f for f in endpoint.identity_files if os.path.isfile(f)]
+        try:
+            # hostname names the key (HostKeyAlias, [host]:port); the socket is already there
+            client.connect(endpoint.host_key_alias or endpoint.address, endpoint.port, endpoint.user, sock=sock,
+                           key_filename=keys or None, look_for_keys=False,
+                           allow_agent=endpoint.use_agent and not endpoint.identities_only,
+                           timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
+        except BaseException:
+            client.close()
+            raise
+        return client
 
-    def _jump(self) -> fabric.Connection | None:
-        if not self.host.proxy_jump:
-            return None
-        jump = self.jump_host or _parse_jump(self.host.proxy_jump, self.host)
-        check_target(jump.address, f"jump host of {self.host.name}")
-        return self._make_fabric(jump, None)
+    def _open_route(self, route: list[SshEndpoint]) -> list[paramiko.SSHClient]:
+        clients: list[paramiko.SSHClient] = []
+        try:
+            for index, endpoint in enumerate(route):
+                # the host's own timeout is the inventory's or its config's; a hop's its config's
+                timeout = (self.host.connect_timeout if index == len(route) - 1
+                           else endpoint.connect_timeout or DEFAULT_CONNECT_TIMEOUT)
+                if index == 0:
+                    sock = _first_socket(endpoint, timeout)
+                else:
+                    sock = clients[-1].get_transport().open_channel(  # type: ignore[union-attr]
+                        "direct-tcpip", (endpoint.address, endpoint.port), ("", 0), timeout=timeout)
+                clients.append(self._client(endpoint, sock, timeout))
+        except BaseException:
+            for client in reversed(clients):
+                client.close()
+            raise
+        return clients
 
     def open(self) -> None:
         with self._lock:
-            if self._fabric is not None and self._fabric.is_connected:
+            if self._clients and self._clients[-1].get_transport() is not None \
+                    and self._clients[-1].get_transport().is_active():  # type: ignore[union-attr]
                 return
-            check_target(self.host.address, f"host {self.host.name}")
-            missing = [f for f in self.host.identity_files if not os.path.isfile(os.path.expanduser(f))]
-            if missing:
-                raise ConnectError(f"{self.host.name}: identity_file {', '.join(missing)} does not exist on this "
-                                   "machine; fix identity_file (or ansible_ssh_private_key_file) in the inventory")
+            self._close_clients()
+            route = self.route()
+            self._check_route(route)
+            self._check_key_file()
             try:
                 for attempt in Retrying(stop=stop_after_attempt(self.connect_attempts),
                                         wait=wait_exponential(multiplier=0.25, max=2),
                                         retry=retry_if_exception(_retryable), reraise=True):
                     with attempt:
-                        conn = self._make_fabric(self.host, self._jump())
-                        conn.open()
-                        conn.transport.set_keepalive(15)
-                        self._fabric = conn
+                        clients = self._open_route(route)
+                        clients[-1].get_transport().set_keepalive(15)  # type: ignore[union-attr]
+                        self._clients = clients
             except paramiko.BadHostKeyException as exc:
                 raise changed_key_error(self.known_hosts, exc) from None
             except paramiko.AuthenticationException as exc:
-                raise ConnectError(f"{self.host.name}: authentication failed for {self.host.target} "
-                                   f"({exc}); check user and identity_file in the inventory") from None
+                raise ConnectError(f"{self.host.name}: authentication failed for {self.host.target}{_via(route)} "
+                                   f"({exc}); check user and identity_file in the inventory"
+                                   f"{_config_hint(route)}") from None
             except (HostKeyError, LoopbackOnlyError):
                 raise
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-                raise ConnectError(f"{self.host.name}: cannot connect to {self.host.target} after "
-                                   f"{self.connect_attempts} attempts: {reason}") from None
+                raise ConnectError(f"{self.host.name}: cannot connect to {self.host.target}{_via(route)} after "
+                                   f"{self.connect_attempts} attempts: {reason}{_config_hint(route)}") from None
+
+    def _check_key_file(self) -> None:
+        """The inventory's own key file must exist (ssh warns and goes on; a deploy must not)."""
+        for var in ("ansible_ssh_private_key_file", "ansible_private_key_file"):
+            value = self.host.vars.get(var)
+            if value:
+                path = os.path.expanduser(str(value))
+                if not os.path.isfile(path):
+                    raise ConnectError(f"{self.host.name}: {var} {path} does not exist on this machine; fix it "
+                                       "in the inventory")
+                return
+        if self.host.ssh_request is None:  # a Host made in code: its identity files are its own
+            missing = [f for f in self.host.identity_files if not os.path.isfile(os.path.expanduser(f))]
+            if missing:
+                raise ConnectError(f"{self.host.name}: identity_file {', '.join(missing)} does not exist on this "
+                                   "machine; fix identity_file (or ansible_ssh_private_key_file) in the inventory")
 
     @property
     def transport(self) -> paramiko.Transport:
         self.open()
-        assert self._fabric is not None
-        return self._fabric.transport
+        transport = self._clients[-1].get_transport()
+        assert transport is not None
+        return transport
+
+    def _close_clients(self) -> None:
+        for client in reversed(self._clients):  # the target first, then each hop it went through
+            client.close()
+        self._clients = []
 
     def close(self) -> None:
-        # Swapped out first: `logs -f` closes a connection from its host's thread (a dropped
-        # read) and from the main thread (Ctrl-C) at once; a closed fabric may be closed twice.
-        fabric, self._fabric = self._fabric, None
-        if fabric is not None:
-            fabric.close()
+        self._close_clients()
 
     def __enter__(self) -> "Connection":
         return self
@@ -253,15 +316,83 @@ class Connection:
         return PushResult(files, result.stdin_bytes, result.duration, remote_dir, result)
 
 
-def _parse_jump(spec: str, target: Host) -> Host:
-    """`[user@]host[:port]` as in OpenSSH's ProxyJump."""
-    user, _, rest = spec.rpartition("@")
-    address, _, port = rest.partition(":")
-    if not address or (port and not (port.isdigit() and 1 <= int(port) <= 65535)):
-        raise ConfigError(f"{target.name}: proxy jump {spec!r} is not [user@]host[:port]")
-    return Host(name=f"jump:{spec}", address=address, port=int(port) if port else 22,
-                user=user or target.user, identity_files=target.identity_files,
-                host_key_policy=target.host_key_policy, connect_timeout=target.connect_timeout)
+def _resolved(host: Host) -> Host:
+    return resolve_hosts([host])[0] if host.ssh is None and host.ssh_request is not None else host
+
+
+def _endpoint_of(host: Host) -> SshEndpoint:
+    """What OpenSSH resolved for the host, or, for a Host made in code, the host as it is. The Host's
+    own address, port, user and keys are what is connected to (resolution wrote them there; a Host
+    changed after it, `dataclasses.replace(host, address=...)`, is reached where it now says)."""
+    if host.ssh is not None:
+        return dataclasses.replace(host.ssh, address=host.address, port=host.port, user=host.user,
+                                   identity_files=host.identity_files)
+    via = _literal_jump(host.proxy_jump, host) if host.proxy_jump and host.proxy_jump != "none" else None
+    return SshEndpoint(destination=host.name, address=host.address, port=host.port, user=host.user,
+                       identity_files=tuple(os.path.expanduser(f) for f in host.identity_files),
+                       identities_only=False, use_agent=True,
+                       connect_timeout=host.connect_timeout, host_key_alias=None, proxy_jump=host.proxy_jump,
+                       proxy_command=None, via=via, config="none")
+
+
+def _literal_jump(spec: str, target: Host) -> SshEndpoint:
+    """A Host made in code with `proxy_jump` `[user@]host[:port]`: the hop with the target's keys."""
+    try:
+        user, address, port = parse_jump(spec.split(",")[-1])
+    except ValueError as exc:
+        raise ConfigError(f"{target.name}: {exc}") from None
+    return SshEndpoint(destination=address, address=address, port=port or 22, user=user or target.user,
+                       identity_files=tuple(os.path.expanduser(f) for f in target.identity_files),
+                       identities_only=False, use_agent=True,
+                       connect_timeout=target.connect_timeout, host_key_alias=None, proxy_jump=None,
+                       proxy_command=None, via=None, config="none")
+
+
+def _first_socket(endpoint: SshEndpoint, timeout: float) -> Any:
+    """The first hop's byte stream: its ProxyCommand, run as ssh runs it, or a TCP connection."""
+    if endpoint.proxy_command is not None:
+        shell = os.environ.get("SHELL") or "/bin/sh"
+        return paramiko.ProxyCommand(shlex.join([shell, "-c", f"exec {endpoint.proxy_command}"]))
+    return socket.create_connection((endpoint.address, endpoint.port), timeout=timeout)
+
+
+_NC = {"nc", "ncat", "netcat"}
+_NC_FLAG = re.compile(r"^-(?:[46Nnv]+|[wq]\d+)$")
+_SHELL_SYNTAX = re.compile(r"[;&|<>`$(){}\\*?!#~\n]")
+
+
+def _check_proxy_command(endpoint: SshEndpoint, what: str) -> None:
+    """Under the loopback guard, a ProxyCommand whose target cannot be read off it is refused."""
+    if not loopback_only():
+        return
+    command = endpoint.proxy_command or ""
+    refusal = (f"refusing the ProxyCommand of {what} ({command!r}, {endpoint.sources.get('proxycommand', '?')}): "
+               "SGLFLEET_LOOPBACK_ONLY=1 is set and ")
+    if _SHELL_SYNTAX.search(command):
+        raise LoopbackOnlyError(refusal + "it uses shell syntax, so where it connects cannot be known before "
+                                "it runs. Under the guard only `nc HOST PORT` (ncat, netcat; flags -4 -6 -N -n -v "
+                                "-wN -qN) to 127.0.0.0/8 runs. No command was run.")
+    words = shlex.split(command)
+    positional = [w for w in words[1:] if not _NC_FLAG.match(w)]
+    if (not words or os.path.basename(words[0]) not in _NC or len(positional) != 2
+            or any(w.startswith("-") for w in positional) or not positional[1].isdigit()):
+        raise LoopbackOnlyError(refusal + "where it connects cannot be read off it (only `nc HOST PORT`, ncat "
+                                "or netcat, with flags -4 -6 -N -n -v -wN -qN, runs under the guard). No command "
+                                "was run.")
+    check_target(positional[0], f"{what} (its ProxyCommand)")
+
+
+def _via(route: list[SshEndpoint]) -> str:
+    if len(route) > 1:
+        return " via " + " -> ".join(f"{e.user}@{e.address}:{e.port}" for e in route[:-1])
+    if route[-1].proxy_command is not None:
+        return f" via ProxyCommand {route[-1].proxy_command!r}"
+    return ""
+
+
+def _config_hint(route: list[SshEndpoint]) -> str:
+    configs = {e.config for e in route if e.config != "none"}
+    return f" (ssh config in use: {', '.join(sorted(configs))})" if configs else ""
 
 
 def feed(writer: IO[bytes], stdin: StdinType) -> None:

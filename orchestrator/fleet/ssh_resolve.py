@@ -1,0 +1,577 @@
+"""Where a host really is: OpenSSH's own answer (`ssh -G`) for the user's ssh config.
+
+Job: for one destination and the options Ansible's ssh plugin would pass for a host (its
+`ansible_port`, `ansible_user`, `ansible_ssh_private_key_file`, `ansible_timeout`, and the
+`-o`/`-J`/`-i`/`-l`/`-p` words of `ansible_ssh_common_args` / `_extra_args`), ask OpenSSH what it
+would connect to: `ssh -G` reads the same config files with its own rules (Include, Match,
+Hostname tokens, first value wins, a typo refused) and prints the result without connecting.
+Read back: address, port, user, identity files in order, IdentitiesOnly / IdentityAgent,
+ConnectTimeout, HostKeyAlias, and the proxy: a ProxyJump chain, whose last hop is resolved the
+way ssh itself does it (`ssh [-l U] [-p P] [-J the other hops] [-F config] -G HOP`, recursively),
+or a ProxyCommand. What `ssh -G` prints unexpanded (IdentityFile and ProxyCommand tokens) is
+expanded here as ssh.c / sshconnect.c expand it at connect time.
+
+`ssh -G` does run `Match exec` commands. `match_exec=False` (what `sglfleet hosts` uses, which
+promises no connection) runs them with SHELL=/bin/false, which ssh uses to run them: each such
+criterion fails without running, and the endpoint says where it was and that it did not run.
+
+Round trips: none to any host; one local `ssh -G -vvv` per distinct (destination, options,
+config) and per ProxyJump hop, all a command selects run in parallel, cached for the process
+while the config files ssh read keep their mtimes (results that ran a Match exec are not cached).
+Provenance: `sources` names, per setting, the inventory var (file:line) that passed it or the
+config file:line ssh took it from (the first applied Host/Match block that sets it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..errors import ConfigError
+
+# The ssh client's default when nothing sets ConnectTimeout (sglfleet's, as before).
+DEFAULT_CONNECT_TIMEOUT = 10.0
+MAX_HOPS = 10  # a ProxyJump chain this deep is a loop in the config
+_PARALLEL = 8  # ssh -G processes at once: the machine's cores are the limit, not waiting
+_SSH_G_TIMEOUT = 30.0  # a Match exec that hangs must not hang the command
+
+# What the connection applies of the resolved options. Any other option the inventory passes
+# gets a note; these the transport replaces with its own (host key policy, keepalives, one
+# connection per host, keys only).
+APPLIED = frozenset({"hostname", "port", "user", "identityfile", "identitiesonly", "identityagent",
+                     "proxyjump", "proxycommand", "connecttimeout", "hostkeyalias"})
+REPLACED = frozenset({"stricthostkeychecking", "userknownhostsfile", "controlmaster", "controlpath",
+                      "controlpersist", "serveraliveinterval", "serveralivecountmax", "batchmode",
+                      "passwordauthentication", "kbdinteractiveauthentication", "preferredauthentications",
+                      "loglevel"})
+
+
+@dataclass(frozen=True)
+class SshConfigFiles:
+    """The ssh config in use: `ssh -F PATH`, OpenSSH's own files (path None), or none ("none")."""
+
+    path: str | None
+    shown: str
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return ("-F", self.path) if self.path else ()
+
+
+def config_files(explicit: str | None = None) -> SshConfigFiles:
+    """The config a command uses: `explicit` (an API argument; a path that does not exist reads no
+    config, as `ssh -F none`), else $SGLFLEET_SSH_CONFIG (`none`, or a file that must exist), else
+    OpenSSH's own ~/.ssh/config and /etc/ssh/ssh_config."""
+    if explicit is not None:
+        if explicit == "none" or not os.path.exists(explicit):
+            return SshConfigFiles("none", "no ssh config (ssh -F none)")
+        return SshConfigFiles(os.path.abspath(explicit), explicit)
+    env = os.environ.get("SGLFLEET_SSH_CONFIG")
+    if env is not None and env != "":
+        if env == "none":
+            return SshConfigFiles("none", "no ssh config (SGLFLEET_SSH_CONFIG=none)")
+        if not os.path.isfile(env):
+            raise ConfigError(f"SGLFLEET_SSH_CONFIG names {env!r}, which is not a file; point it at your ssh "
+                              "config, set it to 'none' to read no config, or unset it to read "
+                              "~/.ssh/config and /etc/ssh/ssh_config as ssh does")
+        return SshConfigFiles(os.path.abspath(env), env)
+    return SshConfigFiles(None, f"{_home()}/.ssh/config and /etc/ssh/ssh_config")
+
+
+@dataclass(frozen=True)
+class MatchExec:
+    """A `Match exec` criterion ssh met while resolving: where, whether it ran, whether it matched."""
+
+    where: str
+    command: str
+    ran: bool
+    matched: bool
+
+
+@dataclass(frozen=True)
+class SshEndpoint:
+    """What OpenSSH would connect to for one destination (a target or a ProxyJump hop)."""
+
+    destination: str                  # what ssh was asked for (%n)
+    address: str                      # HostName, as resolved (%h)
+    port: int
+    user: str
+    identity_files: tuple[str, ...]   # expanded, in the order ssh tries them
+    identities_only: bool
+    use_agent: bool
+    connect_timeout: float | None     # ConnectTimeout, None when unset
+    host_key_alias: str | None
+    proxy_jump: str | None            # the ProxyJump chain as configured, None for none
+    proxy_command: str | None         # expanded, run through the user's shell as ssh does
+    via: "SshEndpoint | None"         # the last ProxyJump hop, resolved as ssh resolves it
+    config: str                       # the config in use, as messages name it
+    sources: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    match_exec: tuple[MatchExec, ...] = ()
+    options: tuple[str, ...] = ()     # the ssh options it was resolved with (after `ssh -G`)
+
+    def hops(self) -> list["SshEndpoint"]:
+        """The ProxyJump hops in the order they are connected, first hop first."""
+        chain: list[SshEndpoint] = []
+        hop = self.via
+        while hop is not None:
+            chain.append(hop)
+            hop = hop.via
+        return chain[::-1]
+
+    @property
+    def key_name(self) -> str:
+        """The name host keys are recorded under: HostKeyAlias if set, as ssh does."""
+        from .hostkeys import known_hosts_name
+
+        return known_hosts_name(self.host_key_alias or self.address, self.port)
+
+    def all_match_exec(self) -> list[MatchExec]:
+        found = list(self.match_exec)
+        if self.via is not None:
+            found += self.via.all_match_exec()
+        return found
+
+
+# ---------------------------------------------------------------- running ssh -G
+
+
+def ssh_binary() -> str:
+    found = shutil.which("ssh")
+    if found is None:
+        raise ConfigError("OpenSSH's ssh client is not installed; sglfleet asks it (ssh -G) how to reach each "
+                          "host from your ssh config. Install it: apt-get install openssh-client (`make setup` "
+                          "does)")
+    return found
+
+
+def _home() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return os.path.expanduser("~")
+
+
+_cache: dict[tuple, tuple[tuple, tuple, "SshEndpoint"]] = {}  # key -> (files read, their stamp, result)
+_cache_lock = threading.Lock()
+
+
+def _stamp(paths: Iterable[str]) -> tuple:
+    """mtime and size of each config file ssh read and of its folder (a new file an Include glob
+    would now match changes the folder)."""
+    out = []
+    for path in paths:
+        for p in (path, os.path.dirname(path) or "."):
+            try:
+                st = os.stat(p)
+                out.append((p, st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append((p, None, None))
+    return tuple(out)
+
+
+@dataclass
+class _Run:
+    values: dict[str, list[str]]
+    files_read: list[str]
+    segments: list[tuple[str, int | None]]   # applied blocks in order: (file, line of Host/Match or None)
+    match_exec: list[MatchExec]
+    exec_ran: bool
+
+
+_READING = re.compile(r"^debug1: Reading configuration data (.+)$")
+_APPLYING = re.compile(r"^debug1: (.+) line (\d+): Applying options for ")
+_MATCHED = re.compile(r"^debug3: (.+) line (\d+): (not )?matched '(.*)' ?$")
+_INCLUDE = re.compile(r"^debug\d: (.+) line (\d+): include (.+) matched no files$")
+
+
+def _run_ssh_g(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> _Run:
+    argv = [ssh_binary(), "-G", "-vvv", *files.args, *options, "--", destination]
+    env = dict(os.environ, LC_ALL="C")
+    if not match_exec:
+        env["SHELL"] = "/bin/false"  # ssh runs Match exec with $SHELL -c: the criterion fails unrun
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=env,
+                              timeout=_SSH_G_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"ssh -G {destination} did not finish in {_SSH_G_TIMEOUT:.0f} s (a Match exec "
+                          f"command that hangs?) with {files.shown}") from None
+    stderr = done.stderr.decode("utf-8", "replace")
+    if done.returncode != 0:
+        said = [line for line in stderr.splitlines() if not line.startswith(("debug", "OpenSSH_"))
+                and "Pseudo-terminal" not in line]
+        reason = "; ".join(said) or f"exit status {done.returncode}"
+        raise ConfigError(f"ssh config: OpenSSH refuses it for {destination!r}: {reason} (config in use: "
+                          f"{files.shown})")
+    values: dict[str, list[str]] = {}
+    for line in done.stdout.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        values.setdefault(key, []).append(value)
+    return _parse_log(stderr, values, match_exec)
+
+
+def _parse_log(stderr: str, values: dict[str, list[str]], match_exec: bool) -> _Run:
+    files_read: list[str] = []
+    segments: list[tuple[str, int | None]] = []
+    found: list[MatchExec] = []
+    exec_ran = False
+    pending: tuple[str, int] | None = None  # the Match line being checked
+    for line in stderr.splitlines():
+        if m := _READING.match(line):
+            files_read.append(m.group(1))
+            segments.append((m.group(1), None))
+        elif m := _APPLYING.match(line):
+            segments.append((m.group(1), int(m.group(2))))
+        elif m := _MATCHED.match(line):
+            pending = (m.group(1), int(m.group(2)))
+            criterion = m.group(4)
+            if criterion.startswith(("exec ", "!exec ")):
+                found.append(MatchExec(f"{m.group(1)}:{m.group(2)}", criterion.split(" ", 1)[1],
+                                       exec_ran and match_exec, m.group(3) is None))
+                exec_ran = False
+        elif line.startswith("debug1: Executing command:"):
+            exec_ran = True
+        elif line.startswith("debug2: match found") and pending is not None:
+            segments.append(pending)
+            pending = None
+        elif line.startswith("debug2: checking match for"):
+            pending = None
+        elif m := _INCLUDE.match(line):
+            files_read.append(expand_tilde(m.group(3)))  # its folder's stamp: a file added there now matches
+    return _Run(values, files_read, segments, found, any(e.ran for e in found))
+
+
+# ---------------------------------------------------------------- tokens, as ssh expands them
+
+
+def expand_percent(text: str, table: dict[str, str], what: str) -> str:
+    """OpenSSH's percent_expand: %% is %, %X from the table, anything else refused."""
+    out, i = [], 0
+    while i < len(text):
+        ch = text[i]
+        if ch != "%":
+            out.append(ch)
+            i += 1
+            continue
+        if i + 1 >= len(text):
+            raise ConfigError(f"{what}: {text!r} ends with a lone '%' (ssh refuses it)")
+        key = text[i + 1]
+        if key == "%":
+            out.append("%")
+        elif key in table:
+            out.append(table[key])
+        else:
+            raise ConfigError(f"{what}: {text!r} has the unknown token %{key} (ssh refuses it; %% is a literal %)")
+        i += 2
+    return "".join(out)
+
+
+_DOLLAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_dollar(text: str, what: str) -> str:
+    """OpenSSH's dollar_expand: ${NAME} from the environment; an unset one is refused."""
+    def value(m: re.Match) -> str:
+        if m.group(1) not in os.environ:
+            raise ConfigError(f"{what}: {text!r} uses ${{{m.group(1)}}}, which is not set (ssh refuses it)")
+        return os.environ[m.group(1)]
+    return _DOLLAR.sub(value, text)
+
+
+def expand_tilde(path: str) -> str:
+    """OpenSSH's tilde_expand_filename: ~ and ~/ are this user's home (from passwd), ~user/ another's."""
+    if not path.startswith("~"):
+        return path
+    name, sep, rest = path[1:].partition("/")
+    if not name:
+        home = _home()
+    else:
+        try:
+            home = pwd.getpwnam(name).pw_dir
+        except KeyError:
+            raise ConfigError(f"IdentityFile {path!r}: no local user {name!r}") from None
+    return home.rstrip("/") + "/" + rest if sep else home
+
+
+def _jump_host(spec: str | None) -> str:
+    """The last hop's host name, which ssh calls jump_host (%j)."""
+    if not spec:
+        return ""
+    return parse_jump(spec.split(",")[-1])[1]
+
+
+def connection_tokens(destination: str, address: str, port: int, user: str, alias: str | None,
+                      jump: str | None) -> dict[str, str]:
+    """ssh.c's DEFAULT_CLIENT_PERCENT_EXPAND_ARGS for one connection."""
+    thishost = socket.gethostname()
+    try:
+        entry = pwd.getpwuid(os.getuid())
+        home, local_user = entry.pw_dir, entry.pw_name
+    except KeyError:
+        home, local_user = _home(), os.environ.get("USER", "")
+    jump_host = _jump_host(jump)
+    conn_hash = hashlib.sha1(f"{thishost}{address}{port}{user}{jump_host}".encode()).hexdigest()
+    return {"C": conn_hash, "L": thishost.split(".", 1)[0], "i": str(os.getuid()), "k": alias or destination,
+            "l": thishost, "n": destination, "p": str(port), "d": home, "h": address, "r": user,
+            "u": local_user, "j": jump_host}
+
+
+# ---------------------------------------------------------------- ProxyJump
+
+
+def parse_jump(hop: str) -> tuple[str | None, str, int | None]:
+    """One ProxyJump hop as ssh's parse_jump reads it: ssh://[user@]host[:port] or [user@]host[:port]."""
+    text = hop.strip()
+    if text.startswith("ssh://"):
+        text = text[len("ssh://"):].rstrip("/")
+    user, at, hostport = text.rpartition("@")
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+    elif hostport.count(":") == 1:
+        host, _, port = hostport.partition(":")
+    else:
+        host, port = hostport, None
+    if not host or (at and not user):
+        raise ValueError(f"the {'host' if not host else 'user'} is missing in {hop!r}")
+    if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"the port {port!r} is not a port number")
+    return (user or None), host, (int(port) if port is not None else None)
+
+
+# ---------------------------------------------------------------- resolving
+
+
+@dataclass(frozen=True)
+class Request:
+    """One destination to resolve, with the ssh options the inventory passes and where each came from."""
+
+    destination: str
+    options: tuple[str, ...]
+    files: SshConfigFiles
+    sources: tuple[tuple[str, str], ...] = ()   # (ssh keyword, inventory file:line)
+
+
+def resolve(request: Request, match_exec: bool = True, _depth: int = 0) -> SshEndpoint:
+    """OpenSSH's resolution of one destination (and its ProxyJump hops), cached for the process."""
+    if _depth > MAX_HOPS:
+        raise ConfigError(f"ProxyJump of {request.destination!r} goes through more than {MAX_HOPS} hops; a "
+                          f"loop in the ssh config? (config in use: {request.files.shown})")
+    if request.destination.startswith("-"):
+        raise ConfigError(f"ssh destination {request.destination!r} starts with '-'")
+    key = (request, match_exec)
+    with _cache_lock:
+        cached = _cache.get(key)
+    if cached is not None and _stamp(cached[0]) == cached[1]:
+        return cached[2]
+    run = _run_ssh_g(request.destination, request.options, request.files, match_exec)
+    endpoint = _endpoint(request, run, match_exec, _depth)
+    if not run.exec_ran:
+        with _cache_lock:
+            _cache[key] = (tuple(run.files_read), _stamp(run.files_read), endpoint)
+    return endpoint
+
+
+def resolve_many(requests: Sequence[Request], match_exec: bool = True) -> list[SshEndpoint]:
+    """Each request resolved, in parallel; the first error (in the requests' order) is raised."""
+    if not requests:
+        return []
+    unique = list(dict.fromkeys(requests))
+    if len(unique) == 1:
+        found = {unique[0]: resolve(unique[0], match_exec)}
+    else:
+        with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(unique))) as pool:
+            futures = {r: pool.submit(resolve, r, match_exec) for r in unique}
+            found = {r: f.result() for r, f in futures.items()}
+    return [found[r] for r in requests]
+
+
+def _first(values: dict[str, list[str]], key: str) -> str | None:
+    got = values.get(key)
+    return got[0] if got else None
+
+
+def _endpoint(request: Request, run: _Run, match_exec: bool, depth: int) -> SshEndpoint:
+    values = run.values
+    shown = request.files.shown
+    destination = _first(values, "host") or request.destination
+    address = _first(values, "hostname") or destination
+    port = int(_first(values, "port") or 22)
+    user = _first(values, "user") or ""
+    alias = _first(values, "hostkeyalias")
+    alias = None if alias in (None, "none") else alias
+    jump = _first(values, "proxyjump")
+    jump = None if jump in (None, "none") else jump
+    command = _first(values, "proxycommand")
+    command = None if command in (None, "none") or jump else command
+    timeout_text = _first(values, "connecttimeout")
+    timeout = float(timeout_text) if timeout_text and timeout_text != "none" else None
+    tokens = connection_tokens(request.destination, address, port, user, alias, jump)
+    identities = []
+    for path in values.get("identityfile", []):
+        what = f"IdentityFile {path!r} of {request.destination} ({shown})"
+        expanded = expand_percent(expand_dollar(expand_tilde(path), what), tokens, what)
+        identities.append(os.path.abspath(expanded))
+    if command is not None:
+        what = f"ProxyCommand of {request.destination} ({shown})"
+        command = expand_percent(command, {k: tokens[k] for k in "hknpr"}, what)
+    via = None
+    if jump is not None:
+        hops = jump.split(",")
+        try:
+            hop_user, hop_host, hop_port = parse_jump(hops[-1])
+        except ValueError as exc:
+            raise ConfigError(f"ProxyJump {jump!r} of {request.destination} must be [user@]host[:port] hops "
+                              f"joined by commas: {exc} (config in use: {shown})") from None
+        args: list[str] = []
+        given = []  # what the ProxyJump spec sets for the hop, from where the spec is set
+        where = f"ProxyJump at {sources_of(request, run).get('proxyjump')}"
+        if hop_user:
+            args += ["-l", hop_user]
+            given.append(("user", where))
+        if hop_port:
+            args += ["-p", str(hop_port)]
+            given.append(("port", where))
+        if len(hops) > 1:
+            args += ["-J", ",".join(hops[:-1])]
+            given.append(("proxyjump", where))
+        via = resolve(Request(hop_host, tuple(args), request.files, tuple(given)), match_exec, depth + 1)
+    sources = sources_of(request, run)
+    return SshEndpoint(
+        destination=destination, address=address, port=port, user=user, identity_files=tuple(identities),
+        identities_only=_first(values, "identitiesonly") == "yes",
+        use_agent=_first(values, "identityagent") != "none",
+        connect_timeout=timeout, host_key_alias=alias, proxy_jump=jump, proxy_command=command, via=via,
+        config=shown, sources=sources, match_exec=tuple(run.match_exec), options=request.options)
+
+
+# ---------------------------------------------------------------- where each value came from
+
+_KEYWORD = re.compile(r"^\s*([A-Za-z]+)\s*(?:=|\s)")
+_SETTINGS = ("hostname", "port", "user", "identityfile", "proxyjump", "proxycommand", "connecttimeout",
+             "hostkeyalias", "identitiesonly")
+_lines_cache: dict[str, list[str]] = {}
+
+
+def _file_lines(path: str) -> list[str]:
+    if path not in _lines_cache:
+        try:
+            with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as fh:
+                _lines_cache[path] = fh.read().splitlines()
+        except OSError:
+            _lines_cache[path] = []
+    return _lines_cache[path]
+
+
+def _block_keywords(path: str, start: int | None) -> Iterable[tuple[str, int]]:
+    """(keyword, line) of the options in one block: after its Host/Match line (or the file's top)
+    up to the next Host or Match."""
+    lines = _file_lines(path)
+    first = 0 if start is None else start  # lines after the Host line (1-based start)
+    for index in range(first, len(lines)):
+        m = _KEYWORD.match(lines[index])
+        if not m:
+            continue
+        keyword = m.group(1).lower()
+        if keyword in ("host", "match"):
+            return
+        yield keyword, index + 1
+
+
+def sources_of(request: Request, run: _Run) -> dict[str, str]:
+    """Per setting, where its value came from: an inventory var (file:line) for an option given on
+    ssh's command line (it wins over the config), else the config file:line of the first applied
+    block that sets it, else OpenSSH's default."""
+    given = {k: where for k, where in request.sources}
+    found: dict[str, str] = {}
+    identity: list[str] = [given["identityfile"]] if "identityfile" in given else []
+    for path, start in run.segments:
+        for keyword, line in _block_keywords(path, start):
+            if keyword == "identityfile":
+                identity.append(f"{path}:{line}")
+            elif keyword in _SETTINGS and keyword not in found:
+                found[keyword] = f"{path}:{line}"
+    found.update((k, v) for k, v in given.items() if k != "host")
+    # no HostName: the destination itself, which is ansible_host when that is set
+    found.setdefault("hostname", given.get("host", "the destination (the inventory host name)"))
+    for key in _SETTINGS:
+        found.setdefault(key, "OpenSSH default")
+    found["identityfile"] = ", ".join(identity) or "OpenSSH default"
+    return found
+
+
+# ---------------------------------------------------------------- the inventory's ssh options
+
+
+def inventory_options(port: int | None, identity_file: str | None, user: str | None, timeout: float | None,
+                      proxy_jump: str | None, ssh_args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The options Ansible's ssh plugin passes for these vars, in its order (the first value of an
+    option wins in ssh), then sglfleet_proxy_jump, then the usable words of the ssh args; and the
+    words sglfleet cannot apply (for a note)."""
+    options: list[str] = []
+    if port is not None:
+        options += ["-o", f"Port={port}"]
+    if identity_file is not None:
+        options += ["-o", f'IdentityFile="{identity_file}"']
+    if user is not None:
+        options += ["-o", f'User="{user}"']
+    if timeout is not None:
+        options += ["-o", f"ConnectTimeout={max(1, int(timeout))}"]
+    if proxy_jump is not None:
+        options += ["-o", f"ProxyJump={proxy_jump}"]
+    ignored: list[str] = []
+    for text in ssh_args:
+        more, skipped = ssh_words(text)
+        options += more
+        ignored += skipped
+    return options, ignored
+
+
+_WITH_VALUE = {"-o": None, "-J": "proxyjump", "-i": "identityfile", "-l": "user", "-p": "port"}
+
+
+def ssh_words(text: str) -> tuple[list[str], list[str]]:
+    """From `ansible_ssh_common_args`-style text: the words ssh -G resolves (-o, -J, -i, -l, -p), and
+    the rest, which sglfleet does not apply. An -o option the connection does not apply is in
+    both (ssh still resolves it, so it stays in the options)."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return [], [text]
+    options: list[str] = []
+    ignored: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        flag = word[:2]
+        if flag in _WITH_VALUE:
+            if len(word) > 2:
+                value, i = word[2:], i + 1
+            elif i + 1 < len(words):
+                value, i = words[i + 1], i + 2
+            else:
+                ignored.append(word)
+                i += 1
+                continue
+            options += [flag, value]
+            if flag == "-o":
+                keyword = re.split(r"[=\s]", value.strip(), maxsplit=1)[0].lower()
+                if keyword not in APPLIED and keyword not in REPLACED:
+                    ignored.append(f"-o {value}")
+            continue
+        ignored.append(word)
+        i += 1
+    return options, ignored
+
+
+def option_keyword(value: str) -> str:
+    return re.split(r"[=\s]", value.strip(), maxsplit=1)[0].lower()
