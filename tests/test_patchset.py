@@ -9,6 +9,8 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.spec.patchset import PatchError, load_patchset, sha256
 
+from .conftest import ROOT
+
 PRISTINE_ARGS = b"import os\n\n\ndef prepare_server_args(argv):\n    return parse(argv)\n"
 PRISTINE_INFO = b"class SpecInfo:\n    pass\n"
 
@@ -98,6 +100,8 @@ def test_anchor_must_match_exactly_once(tmp_path):
     ("name: x\npackage: sglang\nversions: '==1'\nfiles:\n  - path: a.py\n    source: nope.py\n    replaces: new\n",
      6, "nope.py does not exist"),
     ("name: x\nversions: '==1'\n", 1, "package: Field required"),
+    ("name: x\npackage: sglang\nversions: '==1'\nprovides: [flags, wroker]\n", 4, "'flags', 'validation', 'tree_ops' or 'worker'"),
+    ("name: x\npackage: sglang\nversions: '==1'\nrequires: {torch: 'two'}\n", 4, "'two' is not a version specifier"),
 ])
 def test_bad_manifests_report_file_and_line(tmp_path, manifest, line, message):
     make(tmp_path, manifest)
@@ -105,3 +109,21 @@ def test_bad_manifests_report_file_and_line(tmp_path, manifest, line, message):
         load_patchset(tmp_path)
     assert str(info.value).startswith(f"{tmp_path / 'patchset.yaml'}:{line}: "), str(info.value)
     assert message in str(info.value)
+
+
+def test_what_a_patchset_provides_and_pins(tmp_path):
+    """`provides:` says whether a patchset's server can decode DDTREE (SGLang lacks it; DFLASH it
+    has); `requires:` pins the host's python and torch beside `versions` (sglfleet doctor)."""
+    bundled = load_patchset(ROOT / "patches" / "sglang-0.5.23-ddtree")
+    assert bundled.manifest.provides == ["flags", "validation", "tree_ops"]
+    assert bundled.serves("DDTREE") is False and bundled.serves("DFLASH") is True
+    assert bundled.pin_mismatches({"sglang": "0.5.23", "python": "3.11.2", "torch": "2.14.1+cu130"}) == []
+    assert bundled.pin_mismatches({"sglang": "0.5.22", "python": "3.10.1", "torch": None}) == [
+        "sglang 0.5.22 (the patchset pins ==0.5.23)", "python 3.10.1 (the patchset pins >=3.11)",
+        "torch is not installed (the patchset pins ==2.14.1)"]
+    unstated = load_patchset(make(tmp_path, "name: x\npackage: sglang\nversions: '==0.5.23'\n"))
+    assert unstated.serves("DDTREE") is None and unstated.manifest.requires == {}
+    (tmp_path / "w").mkdir()
+    worker = load_patchset(make(tmp_path / "w", "name: w\npackage: sglang\nversions: '==0.5.23'\n"
+                                "provides: [flags, validation, tree_ops, worker]\n"))
+    assert worker.serves("DDTREE") is True

@@ -12,6 +12,10 @@ A patchset is a directory with `patchset.yaml`:
     source_dirs: [../../kernels/ddtree] # optional: directories outside this one that sources
                                       # may come from (declared, so nothing else can be shipped)
     import_check: [sglang.srt.speculative.ddtree_plugin]  # dotted module names, imported on the host
+    requires: {python: ">=3.10", torch: "==2.14.1"}  # optional: PEP 440 pins of the host's python
+                                      # and of distributions beside the package (sglfleet doctor)
+    provides: [flags, validation, tree_ops]  # optional: what it makes the package able to do;
+                                      # without `worker` it cannot serve DDTREE (see `serves`)
     edits:                            # anchored edits of files we may not copy
       - path: srt/server_args.py
         pristine_sha256: 3f2a...      # optional: refuse to edit anything else
@@ -33,7 +37,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -43,6 +47,15 @@ from ..errors import ConfigError, SglfleetError
 from .yamlsrc import load_model
 
 NEW = "new"
+
+# What a patchset can make SGLang able to do (its `provides:`): new launch flags, their
+# validation in SGLang's resolve phase, the draft-tree utilities, and the speculative worker that
+# actually decodes. An algorithm SGLang lacks is served only by a patchset that provides `worker`.
+Capability = Literal["flags", "validation", "tree_ops", "worker"]
+CAPABILITIES = get_args(Capability)
+# Speculative algorithms the SGLang releases we patch do not have (0.5.23 has DFLASH, not DDTREE):
+# a server for one of them runs a patchset's worker or fails at start.
+ALGORITHMS_NEEDING_A_WORKER = ("DDTREE",)
 
 
 def sha256(data: bytes) -> str:
@@ -64,6 +77,14 @@ MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 def module_name(value: str) -> str:
     if not isinstance(value, str) or not MODULE_NAME.match(value):
         raise ValueError(f"{value!r} is not a dotted module name such as 'sglang.srt.speculative'")
+    return value
+
+
+def specifier(value: str) -> str:
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        raise ValueError(f"'{value}' is not a version specifier such as '==0.5.23'") from None
     return value
 
 
@@ -125,14 +146,24 @@ class Manifest(BaseModel):
     import_check: list[Annotated[str, AfterValidator(module_name)]] = []
     # Directories besides the patchset's own that sources may come from, relative to it.
     source_dirs: list[str] = []
+    # PEP 440 pins of what the package runs with on the host: "python" (the interpreter) or a
+    # distribution name (torch); `sglfleet doctor` checks them with `versions`.
+    requires: dict[str, str] = {}
+    # What the patchset makes the package able to do (CAPABILITIES); None: it does not say.
+    provides: list[Capability] | None = None
 
     @field_validator("versions")
     @classmethod
     def _specifier(cls, value: str) -> str:
-        try:
-            SpecifierSet(value)
-        except InvalidSpecifier:
-            raise ValueError(f"'{value}' is not a version specifier such as '==0.5.23'") from None
+        return specifier(value)
+
+    @field_validator("requires")
+    @classmethod
+    def _pins(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, spec in value.items():
+            specifier(spec)
+            if not re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z", name):
+                raise ValueError(f"{name!r} is not 'python' or a distribution name such as 'torch'")
         return value
 
 
@@ -159,6 +190,32 @@ class Patchset:
             return Version(version) in SpecifierSet(self.manifest.versions)
         except InvalidVersion:
             return False
+
+    def serves(self, algorithm: str) -> bool | None:
+        """Whether a server built from this patchset can decode with `algorithm`: True, False (an
+        algorithm SGLang lacks, and no `worker` in `provides`), None (`provides` is not stated)."""
+        if algorithm not in ALGORITHMS_NEEDING_A_WORKER:
+            return True
+        provides = self.manifest.provides
+        return None if provides is None else "worker" in provides
+
+    def pin_mismatches(self, versions: dict[str, str | None]) -> list[str]:
+        """What on the host breaks this patchset's pins: `versions` maps the package, "python" and
+        each `requires` name to the host's version (None: not installed)."""
+        pins = {self.manifest.package: self.manifest.versions, **self.manifest.requires}
+        why = []
+        for name, spec in pins.items():
+            have = versions.get(name)
+            if have is None:
+                why.append(f"{name} is not installed (the patchset pins {spec})")
+                continue
+            try:
+                ok = Version(have) in SpecifierSet(spec)
+            except InvalidVersion:
+                ok = False
+            if not ok:
+                why.append(f"{name} {have} (the patchset pins {spec})")
+        return why
 
     def expected_pristine(self, path: str) -> str | None:
         """What the patchset says must be at `path` before it: a sha256, NEW, or None (unstated)."""
