@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ..errors import SglfleetError
-from . import deploy, fleet, lab, logs, output, releases, serve
+from . import deploy, doctor, fleet, lab, logs, output, releases, serve
 from . import rollout
 from .common import GLOBALS, InventoryOpt
 
@@ -26,7 +26,7 @@ def options(inventory_path: Optional[str] = InventoryOpt) -> None:
     GLOBALS.inventory = inventory_path  # `sglfleet -i FILE COMMAND ...`; a subcommand's own -i wins
 
 
-for family in (fleet, releases, serve, deploy, logs, lab):
+for family in (fleet, releases, serve, deploy, doctor, logs, lab):
     family.register(app)
 rollout.register(app)  # `restart --rolling` (stages.rollout)
 

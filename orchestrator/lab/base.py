@@ -108,6 +108,17 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
         f"cat <<'SGLFLEET_EOF'\n{rendered}SGLFLEET_EOF\nexit 0\nfi\n"
         'exec /usr/local/bin/nvidia-smi.py "$@"\n')
     (bin_dir / "nvidia-smi").chmod(0o755)
+    # A host whose clock is off (`sglfleet doctor` reads the host's clock with `date +%s.%N`):
+    # every lab host shares this machine's kernel clock, so a skew is simulated here, from the
+    # seconds in /var/lib/sglfleet-lab/clock-offset; without that file it is the real date.
+    (bin_dir / "date").write_text(
+        "#!/bin/sh\n# sglfleet lab simulation: date, skewed by /var/lib/sglfleet-lab/clock-offset when it exists.\n"
+        'if [ -r /var/lib/sglfleet-lab/clock-offset ] && [ "$*" = "+%s.%N" ]; then\n'
+        '  exec awk -v now="$(/usr/bin/date +%s.%N)" -v off="$(cat /var/lib/sglfleet-lab/clock-offset)" '
+        "'BEGIN { printf \"%.6f\\n\", now + off }'\n"
+        "fi\n"
+        'exec /usr/bin/date "$@"\n')
+    (bin_dir / "date").chmod(0o755)
 
 
 def _build_venv(root_upper: Path, log) -> None:

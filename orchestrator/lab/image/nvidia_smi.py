@@ -6,6 +6,10 @@ declares (/var/lib/sglfleet-lab/gpu, written from the inventory's `sglfleet_lab_
 when rendering at `lab up`), and its first line
 always says it is a lab simulation. Supports the plain listing, `-L`, and
 `--query-gpu=FIELDS --format=csv[,noheader][,nounits]`.
+
+Knobs for tests (`sglfleet doctor`'s failing hosts), each a file in /var/lib/sglfleet-lab:
+`gpu-used-mib` (memory in use on every GPU, default 0) and `driver-cuda` (the CUDA version the
+driver says it supports, default CUDA below).
 """
 
 import os
@@ -34,9 +38,18 @@ def declared() -> tuple[str, int]:
     return (kind if kind in GPUS else "h200"), count
 
 
+def knob(name: str, default: str) -> str:
+    try:
+        return open(f"/var/lib/sglfleet-lab/{name}").read().strip() or default
+    except OSError:
+        return default
+
+
 def main(argv: list[str]) -> int:
     kind, count = declared()
     name, mem, power, cc = GPUS[kind]
+    used = min(mem, int(knob("gpu-used-mib", "0")))
+    cuda = knob("driver-cuda", CUDA)
     print(BANNER)
     query = next((a.split("=", 1)[1] for a in argv if a.startswith("--query-gpu=")), None)
     fmt = next((a.split("=", 1)[1] for a in argv if a.startswith("--format=")), "csv")
@@ -45,8 +58,8 @@ def main(argv: list[str]) -> int:
             print(f"GPU {i}: {name} (UUID: GPU-5a1b-lab-{i:04d})")
         return 0
     if query is not None:
-        values = {"index": None, "name": name, "memory.total": f"{mem}", "memory.used": "0",
-                  "memory.free": f"{mem}", "driver_version": DRIVER, "compute_cap": cc,
+        values = {"index": None, "name": name, "memory.total": f"{mem}", "memory.used": f"{used}",
+                  "memory.free": f"{mem - used}", "driver_version": DRIVER, "compute_cap": cc,
                   "utilization.gpu": "0", "temperature.gpu": "31", "power.limit": f"{power}.00"}
         fields = [f.strip() for f in query.split(",")]
         unknown = [f for f in fields if f not in values]
@@ -66,11 +79,11 @@ def main(argv: list[str]) -> int:
             print(", ".join(row))
         return 0
     print("+-----------------------------------------------------------------------------------------+")
-    print(f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: {CUDA}     |")
+    print(f"| NVIDIA-SMI {DRIVER}             Driver Version: {DRIVER}     CUDA Version: {cuda:<4}     |")
     print("|-----------------------------------------+------------------------+----------------------+")
     for i in range(count):
         print(f"| {i:>3}  {name:<34} | 00000000:{i + 0x18:02X}:00.0 Off |                    0 |")
-        print(f"| N/A   31C    P0   {80:>4}W / {power:>4}W |      0MiB / {mem:>6}MiB |      0%      Default |")
+        print(f"| N/A   31C    P0   {80:>4}W / {power:>4}W | {used:>6}MiB / {mem:>6}MiB |      0%      Default |")
     print("+-----------------------------------------------------------------------------------------+")
     return 0
 
