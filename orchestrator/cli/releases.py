@@ -14,7 +14,7 @@ from ..errors import ConfigError, RemoteError
 from ..fleet.group import TaskOutcome
 from ..spec.patchset import module_name, package_relative
 from ..spec.profile import load_profile
-from ..stages import kernels, release
+from ..stages import doctor, kernels, release
 from . import output
 from .option_paths import output_dir
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line, inventory,
@@ -76,6 +76,8 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
         inspected = release.inspect(conn, artifacts, with_text=diff, also=builds)
         host_plan = release.make_plan(conn.host.name, inspected,
                                       kernels.artifacts_for_host(prof, artifacts, inspected), force)
+        unserved = doctor.unserved(conn.host, prof, artifacts, inv.path)  # the patchset has no worker for it
+        host_plan.refusals += [unserved] if unserved else []
         plans[conn.host.name] = host_plan
         return TaskOutcome(not host_plan.refusals, host_plan.summary(), "; ".join(host_plan.refusals) or None)
 
