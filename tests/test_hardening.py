@@ -278,3 +278,37 @@ def test_an_interrupted_deploy_finishes_its_host_and_starts_no_other(tmp_path):
         with Connection(inv.hosts["ct130"], KnownHosts(inv.known_hosts_path)) as conn:
             assert conn.run("test -e /var/lib/sglfleet/servers || test -e /var/lib/sglfleet/releases").exit_code == 1
         assert "no new host or step will start" in " ".join(err.split())
+
+
+# ---------------------------------------------------------------- profile fields at load
+
+
+def _profile(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\n" + body)
+    return path
+
+
+@pytest.mark.parametrize("body,line,what", [
+    ("model:\n  path: models/Qwen3-8B\n", 3, "model.path 'models/Qwen3-8B' must be an absolute path on the host"),
+    ("model:\n  path: ~/m\n", 3, "model.path '~/m' must be an absolute path"),
+    ("model:\n  path: /m\nspeculative:\n  algorithm: DFLASH\n  draft_model: ./draft\n", 6,
+     "speculative.draft_model './draft' must be an absolute path"),
+    ('env:\n  "KEY\\n": x\n', 2, "env key 'KEY\\n' is not a variable name"),
+])
+def test_profile_host_paths_and_env_keys_are_refused_at_load_with_file_and_line(tmp_path, body, line, what):
+    from orchestrator.spec.profile import load_profile
+
+    path = _profile(tmp_path, body)
+    with pytest.raises(ConfigError) as info:
+        load_profile(str(path))
+    assert f"{path}:{line}" in str(info.value) and what in str(info.value), str(info.value)
+
+
+def test_a_profile_name_ending_in_a_newline_is_refused(tmp_path):
+    from orchestrator.spec.profile import load_profile
+
+    path = tmp_path / "p.yaml"
+    path.write_text('name: "p\\n"\nmodel:\n  path: /m\n')
+    with pytest.raises(ConfigError, match="must be a safe slug"):
+        load_profile(str(path))

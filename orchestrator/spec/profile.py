@@ -1,6 +1,8 @@
 """Deployment profiles (`playbooks/<name>.yaml`): what to deploy and how to serve it.
 
-Paths in a profile are relative to the profile file.
+Artifact paths (the patchset, the built extension: files on this machine) are relative to the
+profile file. Host paths (model.path, speculative.draft_model) must be absolute: the server's
+working directory on the host is nobody's choice, so a relative one is refused at load (file:line).
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ from .patchset import Patchset, load_patchset
 from .yamlsrc import SourceMap, load_model
 
 # A profile name becomes a file name, a systemd unit name and shell text on hosts: a safe slug.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+# Both patterns are matched whole (re.fullmatch): `$` alone would let a trailing newline through.
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}"
 # An env file key is a shell variable name (sourced with `set -a; .`) and a systemd one.
-ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+ENV_KEY_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 
 
 def _no_nul(value: str, what: str) -> str:
     # NUL cannot travel in an argv, an env file or a unit; everything else is quoted per format.
     if "\0" in value:
         raise ValueError(f"{what} contains a NUL character")
+    return value
+
+
+def _host_path(value: str, what: str) -> str:
+    _no_nul(value, what)
+    if not value.startswith("/"):
+        raise ValueError(f"{what} {value!r} must be an absolute path on the host (it would be read relative to "
+                         "the server's working directory there)")
     return value
 
 
@@ -49,7 +60,12 @@ class Model(BaseModel):
     path: str = Field(min_length=1)
     served_name: str | None = None
 
-    @field_validator("path", "served_name")
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _host_path(value, "model.path")
+
+    @field_validator("served_name")
     @classmethod
     def _text(cls, value: str | None) -> str | None:
         return value if value is None else _no_nul(value, "the value")
@@ -79,7 +95,7 @@ class Speculative(BaseModel):
     @field_validator("draft_model")
     @classmethod
     def _text(cls, value: str) -> str:
-        return _no_nul(value, "draft_model")
+        return _host_path(value, "speculative.draft_model")
 
 
 class Server(BaseModel):
@@ -128,7 +144,7 @@ class ProfileModel(BaseModel):
     def _name(cls, value: Any) -> Any:
         import re
 
-        if isinstance(value, str) and not re.match(NAME_PATTERN, value):
+        if isinstance(value, str) and not re.fullmatch(NAME_PATTERN, value):
             raise ValueError(f"profile name {value!r} must be a safe slug (letters, digits, '.', '_', '-'; "
                              "starting with a letter or digit; at most 63 characters): it names files, a "
                              "systemd unit and shell text on hosts")
@@ -140,7 +156,7 @@ class ProfileModel(BaseModel):
         import re
 
         for key, item in value.items():
-            if not re.match(ENV_KEY_PATTERN, key):
+            if not re.fullmatch(ENV_KEY_PATTERN, key):
                 raise ValueError(f"env key {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*): the env "
                                  "file is sourced by a shell and read by systemd")
             _no_nul(item, f"env {key}")
