@@ -190,6 +190,34 @@ def test_deploy_plan_facts_give_the_same_checks():
     assert "pid 4242" in doctor.refusal_text("h1", doctor.evaluate(host(), profile, artifacts, via_plan))
 
 
+def test_collect_runs_as_a_companion_of_another_script_as_deploys_plan_would(tmp_path):
+    """Deploy's plan round trip (remote/server.py plan) can call doctor.py's collect in its own
+    process: no server.py companion needed, one round trip, facts `evaluate` reads."""
+    import sys
+
+    from orchestrator.fleet.local import LocalConnection
+    from orchestrator.fleet.remote_call import call
+
+    plan = tmp_path / "plan.py"
+    plan.write_text("import sglfleet_hostlib as hostlib\n"
+                    "def plan(args, stream):\n"
+                    "    return {'doctor': hostlib.companion('doctor.py').collect(args['doctor']), 'running': {}}\n"
+                    "COMMANDS = {'plan': plan}\n")
+    profile, artifacts = profile_and_artifacts()
+    me = Host("local", "127.0.0.1", python=sys.executable, vars=LAB_HOST)
+    args = doctor.request(me, profile, artifacts, port=False)
+    assert "port" not in args
+    sent = time.time()
+    planned = call(LocalConnection(me), str(plan), "plan", {"doctor": args},
+                   companions=("server_facts.py",) + doctor.PLAN_COMPANIONS)
+    facts = doctor.from_deploy_plan(planned, sent, time.time())
+    assert facts["python"]["executable"] == sys.executable and facts["disk"]["logs"]["path"] == "/var/log/sglfleet"
+    checks = {c.name: c for c in doctor.evaluate(me, profile, artifacts, facts)}
+    assert checks["clock"].status == "ok" and checks["port"].detail == "127.0.0.9:30000 free"
+    refusal = doctor.plan_refusal(me, profile, artifacts, planned, sent, time.time())
+    assert refusal == (doctor.refusal_text("local", list(checks.values())) or None)
+
+
 def test_extension_fingerprint_against_the_host(tmp_path):
     from orchestrator.spec.artifacts import Extension
 

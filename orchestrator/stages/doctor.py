@@ -1,16 +1,17 @@
 """`doctor`: can this host serve this profile? The checks, their thresholds and their fixes.
 
-    gather(conn, host, profile)      ONE round trip: remote/doctor.py check (server_facts.py,
-                                     gather_facts.py and server.py sent along as companions)
+    gather(conn, profile, artifacts)   ONE round trip: remote/doctor.py check (server_facts.py,
+                                       gather_facts.py and server.py sent along as companions)
     evaluate(host, profile, artifacts, facts) -> [Check]   no connection: pure policy
 
 Checks, in order (a failing one names what was measured, where the setting comes from, and the
 fix): gpus, gpu memory, cuda, model, draft, disk, port, clock, versions, extension, worker.
 
-`evaluate` takes facts gathered elsewhere too: deploy's plan round trip (remote/server.py plan)
-can send doctor.py as one more companion, call its `collect` (the port is already in that plan)
-and hand the answer to `from_deploy_plan` then `evaluate`, so deploy refuses with the same text
-and no extra round trip. `worker_refusal` is the one check `plan` runs on its own inspection.
+`evaluate` takes facts gathered elsewhere too. Deploy's plan round trip (remote/server.py plan)
+can send PLAN_COMPANIONS as well, put `request(..., port=False)` in its args and call doctor.py's
+`collect` there (the port's holders are already in that plan); `plan_refusal` then judges its
+answer with the same checks and text, without an extra round trip. `unserved` is the one check
+`plan` runs on its own inspection.
 """
 
 from __future__ import annotations
@@ -112,6 +113,18 @@ def gather(conn: Any, profile: Profile | None, artifacts: Artifacts, inventory_p
     facts = remote_call.call(conn, SCRIPT, "check", request(conn.host, profile, artifacts, inventory_path), timeout=120,
                              fallback_python=True, companions=COMPANIONS)
     return {**facts, "sent_at": sent, "answered_at": time.time()}
+
+
+# What deploy's plan round trip sends besides its own companions for `collect`.
+PLAN_COMPANIONS = ("gather_facts.py", SCRIPT)
+
+
+def plan_refusal(host: Host, profile: Profile, artifacts: Artifacts, planned: dict[str, Any], sent_at: float,
+                 answered_at: float, inventory_path: str = "inventory") -> str | None:
+    """For deploy's plan step: the failing checks on what its plan round trip gathered, as the
+    one message doctor prints (None: every check passes or only warns)."""
+    checks = evaluate(host, profile, artifacts, from_deploy_plan(planned, sent_at, answered_at), inventory_path)
+    return refusal_text(host.name, checks) if failing(checks) else None
 
 
 def from_deploy_plan(planned: dict[str, Any], sent_at: float, answered_at: float) -> dict[str, Any]:
