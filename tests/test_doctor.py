@@ -291,7 +291,6 @@ def lab_extension(tmp_path):
     return ext
 
 
-@pytest.mark.slow
 def test_doctor_names_each_broken_host_and_its_fix(tmp_path):
     profile = deploy_profile(tmp_path, "doctor-lab", replace={
         "name: qwen36-ddtree": "name: doctor-lab", f"path: {ROOT}/build/ddtree": f"path: {lab_extension(tmp_path)}"})
