@@ -163,3 +163,98 @@ def test_latency_proxy_adds_delay(inventory, lab):
             assert time.monotonic() - started >= 0.2
     finally:
         proxy.stop()
+
+
+# ---------------------------------------------------------------- reached as OpenSSH would
+
+
+def _lab_config(tmp_path, lab, text):
+    path = tmp_path / "ssh_config"
+    path.write_text(text.replace("{key}", str(lab.key_path)))
+    return str(path)
+
+
+@pytest.fixture
+def bastion_proxy(inventory):
+    """ct129's sshd behind a loopback TCP proxy on another address and port: a bastion that is
+    reachable only where its ssh config Host block says (Hostname, Port)."""
+    from orchestrator.lab.proxy import LatencyProxy
+    (ct129,) = inventory.select("ct129")
+    proxy = LatencyProxy((ct129.address, 22), delay_ms=0).start()
+    try:
+        yield ct129, proxy.address
+    finally:
+        proxy.stop()
+
+
+def test_proxy_jump_through_a_bastion_with_its_own_host_block(lab, inventory, bastion_proxy, tmp_path):
+    from orchestrator.fleet.inventory import load_inventory
+    ct129, (proxy_host, proxy_port) = bastion_proxy
+    ct130 = inventory.hosts["ct130"]
+    # 'bastion' is no name anything resolves, nothing listens on its port 22, and the target's key
+    # (ansible_ssh_private_key_file) is not passed to a hop: only the block's own Hostname, Port,
+    # IdentityFile (and HostKeyAlias, the name its key is recorded under) reach ct129, as its User.
+    config = _lab_config(tmp_path, lab, f"""
+Host bastion
+    Hostname {proxy_host}
+    Port {proxy_port}
+    User nobody
+    IdentityFile {{key}}
+    HostKeyAlias {ct129.address}
+Host {ct130.address}
+    ProxyJump bastion
+""")
+    (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct130")
+    (hop,) = target.ssh.hops()
+    assert (hop.address, hop.port, hop.user, hop.identity_files) == (proxy_host, proxy_port, "nobody",
+                                                                     (str(lab.key_path),))
+    with Connection(target, KnownHosts(inventory.known_hosts_path)) as c:
+        assert c.run("hostname").stdout == b"ct130\n"
+        bastion, inside = c._clients  # the bastion's connection, then the target's inside it
+        assert (bastion.get_transport().get_username(), inside.get_transport().get_username()) == ("nobody",
+                                                                                                   "root")
+
+
+def test_a_hop_refused_names_the_route_and_the_config(lab, inventory, bastion_proxy, tmp_path):
+    from orchestrator.errors import ConnectError
+    from orchestrator.fleet.inventory import load_inventory
+    ct129, (proxy_host, proxy_port) = bastion_proxy
+    config = _lab_config(tmp_path, lab, f"""
+Host bastion
+    Hostname {proxy_host}
+    Port {proxy_port}
+    User nobody
+    IdentityFile /nonexistent/key
+    IdentityAgent none
+    HostKeyAlias {ct129.address}
+Host {inventory.hosts["ct130"].address}
+    ProxyJump bastion
+""")
+    (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct130")
+    with pytest.raises(ConnectError, match=rf"cannot connect to root@{target.address}:22 via nobody@{proxy_host}:"
+                                           rf"{proxy_port} .*No authentication methods.*ssh config in use: {config}"):
+        Connection(target, KnownHosts(inventory.known_hosts_path), connect_attempts=1).run("true")
+
+
+def test_multi_hop_proxy_jump_nests_each_hop(lab, inventory, bastion_proxy, tmp_path):
+    from orchestrator.fleet.inventory import load_inventory
+    ct129, (proxy_host, proxy_port) = bastion_proxy
+    ct131 = inventory.hosts["ct131"]
+    config = _lab_config(tmp_path, lab, f"""
+Host bastion
+    Hostname {proxy_host}
+    Port {proxy_port}
+    IdentityFile {{key}}
+    HostKeyAlias {ct129.address}
+Host inner
+    Hostname {ct131.address}
+    IdentityFile {{key}}
+Host {inventory.hosts["ct132"].address}
+    ProxyJump bastion,inner
+""")
+    (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct132")
+    assert [(h.destination, h.address) for h in target.ssh.hops()] == [("bastion", proxy_host),
+                                                                        ("inner", ct131.address)]
+    with Connection(target, KnownHosts(inventory.known_hosts_path)) as c:
+        assert c.run("hostname").stdout == b"ct132\n"
+        assert len(c._clients) == 3  # bastion, inner inside it, the target inside inner

@@ -23,21 +23,80 @@ def register(app: typer.Typer) -> None:
 
 
 def hosts(pattern: str = typer.Argument("all", help="Host pattern (Ansible --limit syntax)."),
-          inventory_path: Optional[str] = InventoryOpt, as_json: bool = JsonOpt) -> None:
-    """List the hosts a pattern selects and how they would be reached (no connection)."""
+          inventory_path: Optional[str] = InventoryOpt, as_json: bool = JsonOpt,
+          match_exec: bool = typer.Option(False, "--match-exec",
+                                          help="Run the ssh config's Match exec commands, as every command "
+                                               "that connects does (off: they are taken as not matching).")) -> None:
+    """List the hosts a pattern selects and how they would be reached (no connection): what OpenSSH
+    resolves for each (`ssh -G`) and where each value comes from."""
     inv = inventory(inventory_path)
-    selected = inv.select(pattern)
+    selected = inv.select(pattern, match_exec=match_exec)
+    execs = _match_exec_notes(selected, match_exec)
     if as_json:
         output.print_json({"command": "hosts", "pattern": pattern, "inventory": inv.path,
-                           "hosts": [dataclasses.asdict(h) for h in selected]})
+                           "match_exec": execs,
+                           "hosts": [_host_json(h) for h in selected]})
         return
     table = output.Table(title=f"{len(selected)} host(s) for '{pattern}'")
-    for col in ("host", "target", "python", "groups"):
+    for col in ("host", "target", "via", "python", "groups"):
         table.add_column(col)
     for h in selected:
-        table.add_row(h.name, h.target + (f" via {h.proxy_jump}" if h.proxy_jump else ""), h.python,
-                      ", ".join(h.groups))
+        table.add_row(h.name, h.target, _via_text(h.ssh) if h.ssh else "", h.python, ", ".join(h.groups))
     output.stdout.print(table)
+    for note in execs:
+        output.stderr.print(output.escape(note["note"]))
+
+
+def _via_text(endpoint: Any) -> str:
+    hops = [f"{e.user}@{e.address}:{e.port}" for e in endpoint.hops()]
+    if endpoint.proxy_command:
+        return f"ProxyCommand {endpoint.proxy_command}"
+    first = endpoint.hops()[0] if hops else None
+    if first is not None and first.proxy_command:
+        hops[0] = f"ProxyCommand {first.proxy_command} -> " + hops[0]
+    return " -> ".join(hops)
+
+
+def _endpoint_json(e: Any) -> dict[str, Any]:
+    """Each value OpenSSH resolved, with where it came from (inventory file:line or ssh config file:line)."""
+    src = e.sources
+    return {"destination": e.destination,
+            "address": {"value": e.address, "from": src.get("hostname")},
+            "port": {"value": e.port, "from": src.get("port")},
+            "user": {"value": e.user, "from": src.get("user")},
+            "identity_files": {"value": list(e.identity_files), "from": src.get("identityfile")},
+            "identities_only": {"value": e.identities_only, "from": src.get("identitiesonly")},
+            "connect_timeout": {"value": e.connect_timeout, "from": src.get("connecttimeout")},
+            "host_key_alias": {"value": e.host_key_alias, "from": src.get("hostkeyalias")},
+            "proxy_jump": {"value": e.proxy_jump, "from": src.get("proxyjump")},
+            "proxy_command": {"value": e.proxy_command, "from": src.get("proxycommand")},
+            "ssh_options": list(e.options)}
+
+
+def _host_json(h: Any) -> dict[str, Any]:
+    data = {k: v for k, v in dataclasses.asdict(h).items() if k not in ("ssh", "ssh_request")}
+    if h.ssh is not None:
+        data["ssh"] = {**_endpoint_json(h.ssh), "config": h.ssh.config,
+                       "via": [_endpoint_json(e) for e in h.ssh.hops()],
+                       "match_exec": [dataclasses.asdict(m) for m in h.ssh.all_match_exec()]}
+    return data
+
+
+def _match_exec_notes(selected: list[Any], ran: bool) -> list[dict[str, Any]]:
+    """One note per Match exec line the resolution met: where, and whether it ran."""
+    seen: dict[str, dict[str, Any]] = {}
+    for h in selected:
+        for m in (h.ssh.all_match_exec() if h.ssh else []):
+            entry = seen.setdefault(m.where, {"where": m.where, "command": m.command, "ran": ran, "hosts": []})
+            entry["hosts"].append(h.name)
+    for entry in seen.values():
+        if ran:
+            how = "ran it for each host, as ssh does when it connects"
+        else:
+            how = ("did not run it (taken as not matching; `sglfleet hosts` makes no connection and runs "
+                   "nothing; --match-exec runs it, as every command that connects does)")
+        entry["note"] = f"{entry['where']}: the ssh config has Match exec {entry['command']}; sglfleet hosts {how}"
+    return list(seen.values())
 
 
 def facts(pattern: str = PatternArg, inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt,

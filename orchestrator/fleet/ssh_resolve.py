@@ -130,10 +130,11 @@ class SshEndpoint:
 
     @property
     def key_name(self) -> str:
-        """The name host keys are recorded under: HostKeyAlias if set, as ssh does."""
+        """The name host keys are recorded under, as ssh's get_hostfile_hostname_ipaddr: the
+        HostKeyAlias as it is (no port), else the address ([address]:port off port 22)."""
         from .hostkeys import known_hosts_name
 
-        return known_hosts_name(self.host_key_alias or self.address, self.port)
+        return self.host_key_alias or known_hosts_name(self.address, self.port)
 
     def all_match_exec(self) -> list[MatchExec]:
         found = list(self.match_exec)

@@ -160,7 +160,9 @@ class Connection:
         keys = [f for f in endpoint.identity_files if os.path.isfile(f)]
         try:
             # hostname names the key (HostKeyAlias, [host]:port); the socket is already there
-            client.connect(endpoint.host_key_alias or endpoint.address, endpoint.port, endpoint.user, sock=sock,
+            # (paramiko names it [host]:port off port 22; a HostKeyAlias is used as it is, as ssh does)
+            client.connect(endpoint.host_key_alias or endpoint.address,
+                           22 if endpoint.host_key_alias else endpoint.port, endpoint.user, sock=sock,
                            key_filename=keys or None, look_for_keys=False,
                            allow_agent=endpoint.use_agent and not endpoint.identities_only,
                            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
