@@ -312,3 +312,32 @@ def test_a_profile_name_ending_in_a_newline_is_refused(tmp_path):
     path.write_text('name: "p\\n"\nmodel:\n  path: /m\n')
     with pytest.raises(ConfigError, match="must be a safe slug"):
         load_profile(str(path))
+
+
+@pytest.mark.parametrize("var,value,why", [
+    ("sglfleet_server_command", "python3 -m sglang.launch_server", "must start with an absolute executable path"),
+    ("sglfleet_server_command", "/usr/bin/python3 -m sglang.launch_server; id", "holds shell syntax (';')"),
+    ("sglfleet_server_command", "/usr/bin/x $(id)", "holds shell syntax"),
+    ("sglfleet_server_command", ["/opt/my server/bin/x", "--a"], "holds shell metacharacters or spaces"),
+    ("sglfleet_server_command", ["bin/x"], "must start with an absolute executable path"),
+    ("sglfleet_server_bind", "127.0.1.2, 127.0.1.3", "must be one address"),
+    ("sglfleet_server_bind", "127.0.1.2 127.0.1.3", "must be one address"),
+    ("sglfleet_server_bind", "127.0.1.2:30000", "without a port"),
+])
+def test_server_command_and_bind_are_checked_at_load_with_file_and_line(tmp_path, var, value, why):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(json.dumps({"all": {"hosts": {"ct129": {"ansible_host": "127.0.1.1"}}}}, indent=1))
+    lines = path.read_text().splitlines()
+    lines.insert(4, f'    {json.dumps(var)}: {json.dumps(value)},')
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_inventory(str(path))
+    assert f"{path}:5" in str(info.value) and why in str(info.value), (path.read_text(), str(info.value))
+
+
+def test_a_plain_server_command_and_bind_still_load(tmp_path):
+    path = tmp_path / "inventory.yaml"
+    path.write_text("all:\n  hosts:\n    ct129:\n      ansible_host: 127.0.1.1\n      sglfleet_server_bind: '::'\n"
+                    "      sglfleet_server_command: \"/usr/local/bin/sglfleet-sim-server --label 'a b'\"\n")
+    host = load_inventory(str(path)).hosts["ct129"]
+    assert host.vars["sglfleet_server_bind"] == "::"

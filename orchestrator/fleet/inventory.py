@@ -155,11 +155,58 @@ def _as_manager(value: Any) -> str:
 # sglfleet's other settings (not connection settings; the stages read them from host.vars),
 # validated where they are written like the connection vars.
 SETTING_VARS: dict[str, Callable[[Any], Any]] = {
-    "sglfleet_server_bind": _as_str,              # the address the host's server binds
-    "sglfleet_server_command": _as_str_list,      # what runs instead of python -m sglang.launch_server
+    "sglfleet_server_bind": _as_bind,             # the address the host's server binds
+    "sglfleet_server_command": _as_server_command,  # what runs instead of python -m sglang.launch_server
     "sglfleet_server_command_label": _as_str,     # how render and the launch script name it
     "sglfleet_server_manager": _as_manager,       # systemd or the detached supervisor
     "sglfleet_profile_overrides": _as_profile_overrides,
+# What a shell would read as more than a word: refused in sglfleet_server_command (its argv is
+# quoted into the launch script, so none of these would do what they seem to).
+SHELL_METACHARACTERS = set(";&|<>()$`\\\"'*?[]{}!#~\n\r\t")
+
+
+def _as_server_command(value: Any) -> str | list[str]:
+    """sglfleet_server_command: an absolute executable, then its arguments (a list, or a string
+    split as a shell would split words); no shell syntax, which nothing would interpret."""
+    _as_str_list(value)
+    if isinstance(value, list):
+        argv = [str(v) for v in value]
+    else:
+        import shlex
+
+        try:
+            argv = shlex.split(str(value))
+        except ValueError as exc:
+            raise ValueError(f"cannot be split into words ({exc})") from None
+        if not argv:
+            raise ValueError("is empty")
+        bad = sorted({c for word in argv for c in word if c in SHELL_METACHARACTERS})
+        if bad:
+            raise ValueError(f"holds shell syntax ({' '.join(repr(c) for c in bad)}) that nothing would interpret: "
+                             "give the executable and its arguments as a list")
+    if not argv[0].startswith("/"):
+        raise ValueError(f"must start with an absolute executable path, got {argv[0]!r}")
+    bad = sorted({c for c in argv[0] if c in SHELL_METACHARACTERS or c.isspace() or not c.isprintable()})
+    if bad:
+        raise ValueError(f"its executable {argv[0]!r} holds shell metacharacters or spaces ({' '.join(map(repr, bad))})")
+    return value
+
+
+def _as_bind(value: Any) -> str:
+    """sglfleet_server_bind: ONE address (IPv4, IPv6 or a host name), no port, no list."""
+    from .hostnames import NotAnAddress, parse_address
+
+    text = _as_str(value)
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        host, port = parse_address(bare, allow_ranges=False)
+    except NotAnAddress:
+        raise ValueError(f"must be one address (an IPv4 or IPv6 address or a host name), got {text!r}") from None
+    if port is not None:
+        raise ValueError(f"must be an address without a port (the port is the profile's server.port), got {text!r}")
+    return text
+
+
     "sglfleet_router_url": _as_str_list,          # the router(s) fronting the host
     "sglfleet_router_worker_url": _as_str,        # the URL those routers know its server by
     "sglfleet_lab_gpu": _as_str,                  # the GPU a lab host declares (smoke simulates it)
