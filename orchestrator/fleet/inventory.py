@@ -152,14 +152,6 @@ def _as_manager(value: Any) -> str:
     return value
 
 
-# sglfleet's other settings (not connection settings; the stages read them from host.vars),
-# validated where they are written like the connection vars.
-SETTING_VARS: dict[str, Callable[[Any], Any]] = {
-    "sglfleet_server_bind": _as_bind,             # the address the host's server binds
-    "sglfleet_server_command": _as_server_command,  # what runs instead of python -m sglang.launch_server
-    "sglfleet_server_command_label": _as_str,     # how render and the launch script name it
-    "sglfleet_server_manager": _as_manager,       # systemd or the detached supervisor
-    "sglfleet_profile_overrides": _as_profile_overrides,
 # What a shell would read as more than a word: refused in sglfleet_server_command (its argv is
 # quoted into the launch script, so none of these would do what they seem to).
 SHELL_METACHARACTERS = set(";&|<>()$`\\\"'*?[]{}!#~\n\r\t")
@@ -207,6 +199,14 @@ def _as_bind(value: Any) -> str:
     return text
 
 
+# sglfleet's other settings (not connection settings; the stages read them from host.vars),
+# validated where they are written like the connection vars.
+SETTING_VARS: dict[str, Callable[[Any], Any]] = {
+    "sglfleet_server_bind": _as_bind,             # the address the host's server binds
+    "sglfleet_server_command": _as_server_command,  # what runs instead of python -m sglang.launch_server
+    "sglfleet_server_command_label": _as_str,     # how render and the launch script name it
+    "sglfleet_server_manager": _as_manager,       # systemd or the detached supervisor
+    "sglfleet_profile_overrides": _as_profile_overrides,
     "sglfleet_router_url": _as_str_list,          # the router(s) fronting the host
     "sglfleet_router_worker_url": _as_str,        # the URL those routers know its server by
     "sglfleet_lab_gpu": _as_str,                  # the GPU a lab host declares (smoke simulates it)
