@@ -191,3 +191,23 @@ def test_diagnosis_maps_known_failures_to_fixes():
                "stderr": "error: unrecognized arguments: --speculative-ddtree-budget 64"}
     assert "push the DDTree patchset" in diagnose(unknown, rendered)[0]
     assert diagnose({"ok": True}, rendered) == []
+
+
+@pytest.mark.parametrize("undocumented,expected", [
+    (["--mamba-radix-cache-strategy"], "--mamba-scheduler-strategy"),   # the new name only an alias here
+    (["--mamba-scheduler-strategy"], "--mamba-radix-cache-strategy"),   # the old name kept as an alias
+    ([], "--mamba-radix-cache-strategy"),                               # both documented: the new name
+])
+def test_a_flag_accepted_under_both_names_is_rendered_and_diagnosed_under_the_documented_one(undocumented, expected):
+    both = OPTIONS_0523 + ["--mamba-scheduler-strategy"]
+    server_facts = facts(options=both)
+    server_facts["sglang"]["undocumented"] = undocumented
+    rendered = render(host(), load_profile("qwen36-ddtree"), server_facts)
+    strategies = [f.name for f in rendered.flags if f.name.startswith("--mamba-") and f.name.endswith("-strategy")]
+    assert strategies == [expected]
+    rendered.flags = [f for f in rendered.flags if f.name not in (expected, "--mamba-full-memory-ratio")]
+    fixes = diagnose({"ok": False, "exception": {"message": "hybrid target: cannot branch across tree siblings"},
+                      "traceback": ""}, rendered)
+    assert len(fixes) == 1 and f"{expected} extra_buffer" in fixes[0], fixes
+    other = ({"--mamba-radix-cache-strategy", "--mamba-scheduler-strategy"} - {expected}).pop()
+    assert other not in fixes[0]

@@ -36,18 +36,23 @@ def args_fingerprint(root, version):
     return digest.hexdigest()[:24]
 
 
+# Every option string the parser accepts, and those it accepts but does not document (help
+# suppressed: an old spelling kept as an alias), so a flag SGLang accepts under two names is
+# rendered under the one it documents.
 LIST_OPTIONS = """
 import argparse, json
 from sglang.srt.server_args import ServerArgs
 parser = argparse.ArgumentParser()
 ServerArgs.add_cli_args(parser)
-print(json.dumps(sorted(s for a in parser._actions for s in a.option_strings)))
+print(json.dumps({"options": sorted(s for a in parser._actions for s in a.option_strings),
+                  "undocumented": sorted(s for a in parser._actions if a.help == argparse.SUPPRESS
+                                         for s in a.option_strings)}))
 """
 
 
 def option_strings(root, version, state_dir):
     cache_dir = os.path.join(state_dir, hostlib.CACHE_DIR)
-    cache = os.path.join(cache_dir, "options-%s.json" % args_fingerprint(root, version))
+    cache = os.path.join(cache_dir, "options-v2-%s.json" % args_fingerprint(root, version))
     try:
         with open(cache) as fh:
             return json.load(fh), True, None
@@ -100,8 +105,9 @@ def facts(args, stream=None):
            "model": model_facts(args.get("model")), "draft": model_facts(args.get("draft")),
            "gpus": hostlib.gpus()}
     if root is not None:
-        options, cached, error = option_strings(root, version, args.get("state_dir") or hostlib.STATE_DIR)
-        out["sglang"].update(options=options, options_cached=cached, options_error=error)
+        listed, cached, error = option_strings(root, version, args.get("state_dir") or hostlib.STATE_DIR)
+        out["sglang"].update(options=listed and listed["options"], undocumented=listed and listed["undocumented"],
+                             options_cached=cached, options_error=error)
     return out
 
 

@@ -240,7 +240,7 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
             if d.shadow_linear:
                 flags.append(Flag("--speculative-ddtree-shadow-linear", [],
                                   src("speculative", "ddtree", "shadow_linear")))
-    flags += _hybrid_flags(p, model, sglang.get("options") or [], src)
+    flags += _hybrid_flags(p, model, sglang, src)
     flags += _extra_flags(p.server.extra_args, src("server", "extra_args"))
     if check_flags:
         _check_known(host.name, flags, sglang)
@@ -276,15 +276,26 @@ def _launcher(host: Host, inventory_path: str) -> tuple[list[str] | None, str]:
     return argv, f"{inventory_path} ({host.name}: sglfleet_server_command): {label}"
 
 
-def _hybrid_flags(p: Any, model: dict[str, Any], options: list[str], src: _Sources) -> list[Flag]:
+MAMBA_STRATEGY_FLAGS = ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy")  # new name first
+
+
+def mamba_strategy_flag(sglang: dict[str, Any]) -> str:
+    """The mamba cache strategy flag under the name this SGLang accepts (it was renamed); when it
+    accepts both, the one it documents (the other is a help-suppressed alias), else the new one."""
+    options = sglang.get("options") or []
+    undocumented = set(sglang.get("undocumented") or [])
+    accepted = [f for f in MAMBA_STRATEGY_FLAGS if f in options]
+    documented = [f for f in accepted if f not in undocumented]
+    return (documented or accepted or [MAMBA_STRATEGY_FLAGS[0]])[0]
+
+
+def _hybrid_flags(p: Any, model: dict[str, Any], sglang: dict[str, Any], src: _Sources) -> list[Flag]:
     if p.hybrid == "off" or (p.hybrid == "auto" and not model.get("hybrid")):
         return []
     arch = (model.get("architectures") or ["?"])[0]
     why = (f"hybrid rule (hybrid: {p.hybrid}; {arch} has {model.get('recurrent_layers')} "
            f"linear-attention layers), {src('hybrid')}")
-    # The strategy flag under the name this SGLang accepts (it was renamed).
-    strategy = next((f for f in ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy") if f in options),
-                    "--mamba-radix-cache-strategy")
+    strategy = mamba_strategy_flag(sglang)
     flags = [Flag(strategy, ["extra_buffer"], why), Flag("--mamba-full-memory-ratio", [HYBRID_MEMORY_RATIO], why)]
     if p.speculative and p.speculative.algorithm == "DDTREE":
         flags.append(Flag("--speculative-ddtree-allow-hybrid-unsafe", [], why))

@@ -17,7 +17,7 @@ from ..errors import RemoteError
 from ..fleet.remote_call import call
 from ..spec.profile import Profile
 from . import runs
-from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, render, server_facts
+from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, mamba_strategy_flag, render, server_facts
 
 PROBE = "smoke_probe.py"
 
@@ -39,9 +39,7 @@ def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
     argv = rendered.argv if rendered else []
     fixes = []
     if "cannot branch across tree siblings" in text or "hybrid target" in text:
-        options = (rendered.facts["sglang"].get("options") or []) if rendered else []
-        strategy = "--mamba-scheduler-strategy" if "--mamba-scheduler-strategy" in options and \
-            "--mamba-radix-cache-strategy" not in options else "--mamba-radix-cache-strategy"
+        strategy = mamba_strategy_flag(rendered.facts["sglang"] if rendered else {})
         companions = [[strategy, "extra_buffer"], ["--mamba-full-memory-ratio", HYBRID_MEMORY_RATIO],
                       ["--speculative-ddtree-allow-hybrid-unsafe"]]
         missing = " ".join(" ".join(c) for c in companions if c[0] not in argv)
