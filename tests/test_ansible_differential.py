@@ -244,3 +244,24 @@ def test_broken_inventory_fails_in_ansible_and_is_refused_at_its_line(name):
         load_inventory(CORPUS / name, ssh_config_path="/nonexistent")
     assert (info.value.path, info.value.line) == (str(CORPUS / name), line), str(info.value)
     assert words in str(info.value)
+
+
+def test_host_list_source_equals_ansible():
+    """`-i 'a,b:2222,'` (Ansible's host_list plugin): the same hosts, ports and groups."""
+    source = "web1,web2:2222, 192.0.2.9 ,[2001:db8::3]:2200,web1,"
+    proc = _run("ansible-inventory", "-i", source, "--list")
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    inv = load_inventory(source, ssh_config_path="/nonexistent")
+    assert list(inv.hosts) == listing["ungrouped"]["hosts"] == ["web1", "web2", "192.0.2.9", "2001:db8::3"]
+    for host in inv.hosts.values():
+        assert host.vars == listing["_meta"]["hostvars"].get(host.name, {}), host.name
+
+
+def test_host_vars_on_a_group_name_are_refused_where_ansible_gives_them_to_the_group():
+    name = "27_host_named_like_group.ini"
+    listing = ansible_inventory(name)
+    assert listing["_meta"]["hostvars"]["other"] == {"x": 1}  # Ansible: the group got it
+    with pytest.raises(ConfigError) as info:
+        ours(name)
+    assert info.value.line == 3 and "has vars and the name of a group" in str(info.value)

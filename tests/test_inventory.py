@@ -144,8 +144,9 @@ def test_ssh_config_fills_gaps_and_inventory_wins(tmp_path):
             ct130: {ansible_user: inventory-user, ansible_port: 2022}
     """)
     inv = load_inventory(inv_path, ssh_config_path=str(ssh_config))
-    ct129, ct130 = inv.hosts["ct129"], inv.hosts["ct130"]
-    assert (ct129.address, ct129.port, ct129.user, ct129.proxy_jump) == ("127.0.0.50", 2200, "sshcfg", "bastion")
+    ct129, ct130 = inv.select("all")  # selected hosts are resolved by OpenSSH (ssh -G)
+    assert (ct129.address, ct129.port, ct129.user, ct129.ssh.proxy_jump) == ("127.0.0.50", 2200, "sshcfg",
+                                                                             "bastion")
     assert ct129.identity_files == (str(Path("~/.ssh/ct129_key").expanduser()),)
     assert (ct130.address, ct130.port, ct130.user) == ("127.0.0.60", 2022, "inventory-user")
 
@@ -314,14 +315,16 @@ def test_notes_for_ansible_vars_sglfleet_does_not_use(tmp_path, caplog):
         all:
           hosts:
             a: {ansible_host: 127.0.0.1, ansible_password: pw, ansible_become: true, ansible_ruby_interpreter: /r}
-            b: {ansible_host: 127.0.0.2, ansible_ssh_common_args: '-o ProxyJump=jump:2200 -o ProxyCommand=nc'}
+            b: {ansible_host: 127.0.0.2, ansible_ssh_common_args: '-o ProxyJump=jump:2200 -o ProxyCommand=nc -C'}
     """), ssh_config_path=str(tmp_path / "none"))
-    inv.select("all")
+    _, b = inv.select("all")
     text = "\n".join(inv.notes)
     assert "ansible_password/ansible_ssh_pass not used" in text and "ansible_become* not used" in text
-    assert "ignores -o ProxyCommand=nc" in text
+    assert "does not apply -C" in text and "ProxyCommand" not in text.split("does not apply")[1]
     assert "ruby" not in text
-    assert inv.hosts["b"].proxy_jump == "jump:2200"
+    # as ssh takes them: the first of ProxyJump / ProxyCommand wins
+    assert (b.ssh.proxy_jump, b.ssh.proxy_command, b.ssh.via.address, b.ssh.via.port) == ("jump:2200", None,
+                                                                                          "jump", 2200)
 
 
 def test_user_vars_are_kept(tmp_path):

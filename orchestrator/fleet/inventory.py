@@ -49,7 +49,7 @@ from ..errors import ConfigError
 from ..spec.yamlsrc import SourceMap, load_yaml, read_text, without_location
 from . import inventory_sources, patterns, ssh_resolve
 from .hostkeys import KnownHosts
-from .hostnames import BadRange, expand_ranges, split_host_key
+from .hostnames import BadRange, NotAnAddress, expand_ranges, parse_address, split_host_key
 from .ini_inventory import parse_ini
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
@@ -412,9 +412,34 @@ class _Parser:
                     host.origins["ansible_port"] = (block, key)
             group.add_host(name)
             if host_vars:
+                if name in self.groups:
+                    raise host_vars.error(f"host '{name}' has vars and the name of a group: Ansible would set "
+                                          f"them on the group '{name}' (so on every host in it), not on the "
+                                          "host; rename the host or the group", next(iter(host_vars)))
                 for var, value in host_vars.items():
                     host.vars[var] = value
                     host.origins[var] = (host_vars, var)
+
+    def host_list(self, text: str) -> None:
+        """`-i 'web1,web2:2222,'`, as Ansible's host_list plugin reads it: comma-separated hosts
+        (no ranges) in 'ungrouped', `host:port` split, a host seen before left as it is."""
+        where = SourceMap()
+        where.path, where.line = text, 1
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            try:
+                name, port = parse_address(item, allow_ranges=False)
+            except NotAnAddress:
+                name, port = item, None
+            if name in self.hosts:
+                continue
+            host = self.hosts[name] = _HostDef(name, 1)
+            if port:
+                host.vars["ansible_port"] = port
+                host.origins["ansible_port"] = (where, item)
+            self.groups["ungrouped"].add_host(name)
 
     def finish(self) -> None:
         """Ansible's reconcile step: top groups join `all`; hosts in no other group are `ungrouped`."""
@@ -669,13 +694,17 @@ def _load_inventory(sources: list[str | Path], ssh_config_path: str | None) -> I
         raise ConfigError("no inventory source given")
     shown = ", ".join(str(s) for s in sources)
     parser = _Parser(shown)
+    files = [s for s in sources if not inventory_sources.is_host_list(s)]
     for source in sources:
+        if inventory_sources.is_host_list(source):
+            parser.host_list(str(source))
+            continue
         for file in inventory_sources.inventory_files(source):
             _read_inventory_file(parser, file)
     parser.finish()
-    # group_vars/ and host_vars/ beside each source: in a directory source, inside it
-    basedirs = [Path(s).resolve() if Path(s).is_dir() else Path(s).resolve().parent for s in sources]
-    inventory_dir = basedirs[0]
+    # group_vars/ and host_vars/ beside each source: in a directory source, inside it (host lists have none)
+    basedirs = [Path(s).resolve() if Path(s).is_dir() else Path(s).resolve().parent for s in files]
+    inventory_dir = basedirs[0] if basedirs else Path.cwd()
     depths = _group_depths(parser.groups)
     ssh_config = _load_ssh_config(ssh_config_path)
     local_user = _local_user()
@@ -728,7 +757,9 @@ def _load_inventory(sources: list[str | Path], ssh_config_path: str | None) -> I
         file_vars(host_files, [name], "host", merged, origins)
         hosts[name] = _build_host(name, merged, origins, group_names, ssh_config, inventory_dir, local_user,
                                   shown)
-    known_hosts = str(Path(sources[0]).with_suffix("")) + ".known_hosts"
+    # beside the first inventory file; for host lists alone, the one ssh and Ansible use
+    known_hosts = (str(Path(files[0]).with_suffix("")) + ".known_hosts" if files
+                   else os.path.expanduser("~/.ssh/known_hosts"))
     if os.path.exists(known_hosts):
         KnownHosts(known_hosts).validate()
     implicit_vars = dict(parser.groups["all"].vars)

@@ -9,6 +9,7 @@
   (`.pyc .pyo .swp .bak ~ .rpm .md .txt .rst .orig .cfg .retry`) and
   `INVENTORY_IGNORE_PATTERNS` (none) — or what `ANSIBLE_INVENTORY_IGNORE`,
   `ANSIBLE_INVENTORY_IGNORE_REGEX` or the ansible.cfg settings make of them.
+- A source with a comma that is no path is a host list (`-i 'web1,web2:2222,'`, the host_list plugin).
 - What Ansible's other plugins would read (an executable script, TOML) is refused by name.
 
 No file is parsed here; `inventory` reads each one as YAML or INI, as Ansible's plugins would.
@@ -153,6 +154,11 @@ def inventory_files(source: str | Path) -> list[Path]:
         raise ConfigError("this inventory directory holds no file Ansible would read as an inventory "
                           "(hidden files, group_vars/, host_vars/ and ignored extensions are skipped)", str(path))
     return found
+
+
+def is_host_list(source: str | Path) -> bool:
+    """`-i 'web1,web2,'`: what Ansible's host_list plugin takes (a comma, and no such path)."""
+    return isinstance(source, str) and "," in source and not os.path.exists(source)
 
 
 def refuse_other_plugins(path: Path, shown: str) -> None:
