@@ -31,6 +31,11 @@ done
 if [ -n "${host_build:-}" ]; then  # before anything timed
   wait "$host_build"; echo "host build check rc=$?"; grep -E "^(ok|FAIL)|host build check|Error" "$OUT/host-build.log"
 fi
+# Aligned 16-bit rows past 128 take the streaming top-K at every K <= 256: the chunk kernel forced
+# on the many-row tests keeps it tested on such rows too (it still serves fp32 past K = 64 and odd V).
+DDTREE_TOPK=chunk python3 -m pytest -q -p no:cacheprovider tests/test_ddtree_kernels.py tests/test_ddtree_batch_invariance.py \
+  -k "many_rows or composed or batch" > "$OUT/pytest-chunk.log" 2>&1
+echo "pytest (DDTREE_TOPK=chunk) rc=$?"; tail -1 "$OUT/pytest-chunk.log"
 # The decode loop with a real model (transformers on the machine): bf16, then fp32 (the strict check).
 [ "${SKIP_E2E:-0}" = 1 ] || for dt in bfloat16 float32; do
   python3 -W ignore -m ddtree.e2e --dtype $dt --json "$OUT/e2e-$dt.json" 2>&1 | tee "$OUT/e2e-$dt.log"

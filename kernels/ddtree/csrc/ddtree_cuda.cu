@@ -1235,9 +1235,13 @@ constexpr int kStreamWarps = kStreamThreads / 32;
 constexpr int kStreamVecs = 2;        // 16-byte vectors per thread and step (one commit group)
 constexpr int kStreamDepth = 4;       // ring steps per thread (a power of two): 64 KB a CTA
 constexpr int kStreamCtasPerSm = 2;   // 2 x (64 KB ring + ChunkShared): ~96 KB in flight per SM
-// q = ceil(K / 16) lane maxima per warp: at K = 256 (q = 16, the warp's median) the bound let
-// ~10x too many candidates through (bs=64 top-K 1.5 ms); K = 64 (q = 4) measured well.
-constexpr int kStreamMaxK = 64;
+// q = ceil(K / 16) lane maxima per warp. At K = 256 (q = 16, the warp's median) on bf16 rows of
+// randn x 3 ~2200 vectors are staged and ~550 elements survive the final bound (stream_model.py),
+// within the caps below: bs=64 top-K 409.8 us (the chunk kernel) -> 231.8 (this one), same run
+// (an earlier version, staging fewer vectors, took 1.5 ms there). fp32 rows have twice the
+// vectors, so twice as many staged, near kStreamStaged: they stay at K <= 64, unmeasured above.
+constexpr int kStreamMaxK16 = 256;
+constexpr int kStreamMaxK32 = 64;
 constexpr int kStreamStaged = 4096;  // candidate vectors' numbers, in ChunkShared::cand
 constexpr int kStreamRingBytes = kStreamThreads * kStreamDepth * kStreamVecs * 16;
 static_assert(kStreamStaged * 4 <= kCandCap * 8, "staged numbers live in ChunkShared::cand");
@@ -2601,9 +2605,22 @@ int launch_draft_cluster(const TopkPlan& plan, const void* logits, int bs, int L
                             parents, first_child, next_sibling, vis, vis_packed, g_timeline);
 }
 
+// The largest K the streaming top-K takes (above it: the chunk kernel). DDTREE_STREAM_MAXK=N
+// overrides it, up to 256 (tuning; =64 is the dispatch before K <= 256 streamed; past 512 a
+// warp's q-th largest lane maximum would not exist).
+inline int stream_max_k(int elem_bytes) {
+  static const int forced = [] {
+    const char* v = std::getenv("DDTREE_STREAM_MAXK");
+    return v ? std::atoi(v) : 0;
+  }();
+  if (forced > 0) return std::min(forced, kStreamMaxK16);
+  return elem_bytes == 2 ? kStreamMaxK16 : kStreamMaxK32;
+}
+
 // The streaming top-K takes rows of whole 16-byte vectors that start 16-byte aligned.
 inline bool stream_fits(const void* logits, int64_t vocab, int k, int elem_bytes) {
-  return k <= kStreamMaxK && reinterpret_cast<uintptr_t>(logits) % 16 == 0 && vocab * elem_bytes % 16 == 0;
+  return k <= stream_max_k(elem_bytes) && reinterpret_cast<uintptr_t>(logits) % 16 == 0 &&
+         vocab * elem_bytes % 16 == 0;
 }
 
 // Whole rows as items once they fill the resident CTAs (splitting bs=32's 480 rows in two took
