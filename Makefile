@@ -34,6 +34,8 @@ endef
 sshd:
 	@test -x /usr/sbin/sshd || { echo "installing openssh-server"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; }
+	@command -v ssh >/dev/null || { echo "installing openssh-client (sglfleet asks ssh -G how to reach each host)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-client >/dev/null; }
 	@command -v unshare >/dev/null || { echo "unshare (util-linux) is required"; exit 1; }
 	@test -x /lib/systemd/systemd || { echo "installing systemd (the systemd lab host boots it in a root of its own)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null; }

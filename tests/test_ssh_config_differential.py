@@ -433,6 +433,25 @@ def test_resolution_equals_openssh(case_dir, monkeypatch, name, config, hosts):
         assert ours(host) == want, f"{name}: {host.name}"
 
 
+NO_CONFIG_HOSTS = {"UPPER.Example.COM": {}, "web1": {"ansible_host": "127.0.0.170", "ansible_port": 2170,
+                                                     "ansible_user": "deploy"},
+                   "keyed": {"ansible_host": "127.0.0.171", "ansible_ssh_private_key_file": "~/.ssh/k",
+                             "ansible_timeout": 4},
+                   "jumped": {"ansible_host": "127.0.0.172", "ansible_ssh_common_args": "-J 127.0.0.173:2173"}}
+
+
+def test_no_config_equals_openssh_with_f_none(case_dir):
+    """With no ssh config (a path that does not exist; ssh -F none) sglfleet answers most hosts from
+    one template `ssh -G`; the answers must still be ssh's."""
+    directory, _ = case_dir
+    inv_path = directory / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump({"all": {"hosts": NO_CONFIG_HOSTS}}, sort_keys=False))
+    for host in load_inventory(inv_path, ssh_config_path=str(directory / "missing")).select("all"):
+        vars_ = NO_CONFIG_HOSTS[host.name]
+        want = oracle(Path("none"), str(vars_.get("ansible_host", host.name)), ansible_args(vars_))
+        assert ours(host) == want, host.name
+
+
 def test_corpus_is_large_enough():
     assert len(CORPUS) + len(REFUSED) >= 40
 

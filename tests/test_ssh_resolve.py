@@ -4,7 +4,9 @@ in use, and the loopback guard on every hop and ProxyCommand. No connection is m
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import time
 
 import pytest
 
@@ -112,3 +114,30 @@ def test_the_loopback_guard_checks_every_hop_and_proxy_command(tmp_path, name, r
     ok = Connection(hosts["ncok"], KnownHosts(tmp_path / "known_hosts"))
     ok._check_route(ok.route())
     assert hosts["ncok"].ssh.proxy_command == "nc -w5 127.0.0.8 22"
+
+
+def test_answers_kept_on_disk_are_used_until_a_config_file_changes(tmp_path, monkeypatch):
+    from orchestrator.fleet import ssh_resolve
+
+    (tmp_path / "conf.d").mkdir()
+    included = tmp_path / "conf.d" / "50-x.conf"
+    included.write_text("Host 127.0.0.5\n    Port 2201\n")
+    cfg, inv = _files(tmp_path, f"Include {tmp_path}/conf.d/*.conf\n", "all:\n  hosts:\n    x: {ansible_host: 127.0.0.5}\n")
+    cache = tmp_path.parent / f"{tmp_path.name}-cache" / "ssh-g.json"  # not in the config's folder: it counts
+    monkeypatch.setenv("SGLFLEET_SSH_CACHE", str(cache))
+
+    def port() -> int:
+        ssh_resolve._cache.clear()  # a new command: only the disk remembers
+        return load_inventory(inv, ssh_config_path=str(cfg)).select("all")[0].port
+
+    assert port() == 2201 and cache.exists()
+    real = ssh_resolve._ssh_g
+    monkeypatch.setattr(ssh_resolve, "_ssh_g", lambda *a: pytest.fail("ssh -G ran for an answer kept on disk"))
+    assert port() == 2201
+    monkeypatch.setattr(ssh_resolve, "_ssh_g", real)
+    included.write_text("Host 127.0.0.5\n    Port 2202\n")
+    os.utime(included, (time.time() + 5, time.time() + 5))
+    assert port() == 2202  # an included file changed
+    (tmp_path / "conf.d" / "10-first.conf").write_text("Host 127.0.0.5\n    Port 2203\n")
+    os.utime(tmp_path / "conf.d", (time.time() + 10, time.time() + 10))
+    assert port() == 2203  # a new file the Include glob matches, read first

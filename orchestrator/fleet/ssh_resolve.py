@@ -25,6 +25,7 @@ config file:line ssh took it from (the first applied Host/Match block that sets 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pwd
 import re
@@ -35,7 +36,7 @@ import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
 
@@ -162,8 +163,17 @@ def _home() -> str:
         return os.path.expanduser("~")
 
 
-_cache: dict[tuple, tuple[tuple, tuple, "SshEndpoint"]] = {}  # key -> (files read, their stamp, result)
+_cache: dict[tuple, tuple[tuple, Any, "SshEndpoint"]] = {}  # key -> (files read, their stamp, result)
 _cache_lock = threading.Lock()
+_now: dict[tuple, Any] = {}  # files -> their stamp now, taken once per selection (new_batch clears it)
+
+
+def _unchanged(files: Sequence[str], stamp: Any) -> bool:
+    """Whether these config files (and folders) still have the mtimes and sizes of `stamp`."""
+    key = tuple(files)
+    if key not in _now:
+        _now[key] = json.loads(json.dumps(_stamp(files)))
+    return _now[key] == stamp
 
 
 def _stamp(paths: Iterable[str]) -> tuple:
@@ -195,8 +205,103 @@ _MATCHED = re.compile(r"^debug3: (.+) line (\d+): (not )?matched '(.*)' ?$")
 _INCLUDE = re.compile(r"^debug\d: (.+) line (\d+): include (.+) matched no files$")
 
 
+class _DiskCache:
+    """`ssh -G` answers kept between commands ($SGLFLEET_SSH_CACHE, default
+    ~/.cache/sglfleet/ssh-g.json; `none` keeps none): an answer is used again only for the same
+    ssh binary (path, mtime, size), arguments, working directory and user, while every config file
+    ssh read and its folder keep their mtime and size. What ssh -G prints for the settings read
+    here depends on nothing else (an answer that met a Match exec is never kept)."""
+
+    KEYS = frozenset(("host", "hostname", "port", "user", "identityfile", "identitiesonly", "identityagent",
+                      "proxyjump", "proxycommand", "connecttimeout", "hostkeyalias"))
+    LIMIT = 20000  # answers kept; the oldest go first
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, Any] | None = None
+        self.filesets: dict[str, Any] = {}  # id -> {"files": [...], "stamp": [...]}: shared by many answers
+        self.dirty = False
+
+    @property
+    def path(self) -> str | None:
+        chosen = os.environ.get("SGLFLEET_SSH_CACHE") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(_home(), ".cache"), "sglfleet", "ssh-g.json")
+        return None if chosen == "none" else chosen
+
+    def key(self, argv: Sequence[str], match_exec: bool) -> str:
+        st = os.stat(argv[0])
+        return hashlib.sha256(json.dumps([list(argv), match_exec, os.getcwd(), os.getuid(), st.st_mtime_ns,
+                                          st.st_size]).encode()).hexdigest()
+
+    def _load(self) -> dict[str, Any]:
+        if self.entries is None:
+            self.entries = {}
+            if self.path:
+                try:
+                    with open(self.path, encoding="utf-8") as fh:
+                        loaded = json.load(fh)
+                    if isinstance(loaded, dict) and loaded.get("version") == 2:
+                        self.entries, self.filesets = loaded["entries"], loaded["filesets"]
+                except (OSError, ValueError, KeyError):
+                    pass  # no cache, or a broken one: ssh answers again
+        return self.entries
+
+    def get(self, key: str) -> _Run | None:
+        with self.lock:
+            entry = self._load().get(key)
+            fileset = self.filesets.get(entry["fileset"]) if entry else None
+            if fileset is None or not _unchanged(fileset["files"], fileset["stamp"]):
+                return None
+        return _Run(entry["values"], fileset["files"], [tuple(s) for s in entry["segments"]], [], False)
+
+    def put(self, key: str, run: _Run) -> None:
+        if run.exec_ran or run.match_exec or not self.path:
+            return
+        fileset = hashlib.sha256(json.dumps(run.files_read).encode()).hexdigest()[:16]
+        stamp = json.loads(json.dumps(_stamp(run.files_read)))
+        with self.lock:
+            self._load()[key] = {"values": {k: v for k, v in run.values.items() if k in self.KEYS},
+                                 "fileset": fileset, "segments": run.segments}
+            self.filesets[fileset] = {"files": run.files_read, "stamp": stamp}
+            self.dirty = True
+
+    def flush(self) -> None:
+        with self.lock:
+            if not self.dirty or not self.path or self.entries is None:
+                return
+            self.dirty = False
+            for old in list(self.entries)[:max(0, len(self.entries) - self.LIMIT)]:
+                del self.entries[old]
+            used = {e["fileset"] for e in self.entries.values()}
+            self.filesets = {k: v for k, v in self.filesets.items() if k in used}
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                tmp = f"{self.path}.{os.getpid()}.tmp"
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    json.dump({"version": 2, "entries": self.entries, "filesets": self.filesets}, fh)
+                os.replace(tmp, self.path)
+            except OSError:
+                pass  # a read-only home: answers are not kept, nothing else changes
+
+
+_disk = _DiskCache()
+
+
 def _run_ssh_g(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> _Run:
     argv = [ssh_binary(), "-G", "-vvv", *files.args, *options, "--", destination]
+    key = _disk.key(argv, match_exec)
+    kept = _disk.get(key)
+    if kept is not None:
+        return kept
+    run = _ssh_g(argv, destination, files, match_exec)
+    if files.path is None:  # ssh's own files count even while missing: creating one changes answers
+        run.files_read += [p for p in (os.path.join(_home(), ".ssh", "config"), "/etc/ssh/ssh_config")
+                           if p not in run.files_read]
+    _disk.put(key, run)
+    return run
+
+
+def _ssh_g(argv: list[str], destination: str, files: SshConfigFiles, match_exec: bool) -> _Run:
     env = dict(os.environ, LC_ALL="C")
     if not match_exec:
         env["SHELL"] = "/bin/false"  # ssh runs Match exec with $SHELL -c: the criterion fails unrun
@@ -372,14 +477,41 @@ def resolve(request: Request, match_exec: bool = True, _depth: int = 0) -> SshEn
     key = (request, match_exec)
     with _cache_lock:
         cached = _cache.get(key)
-    if cached is not None and _stamp(cached[0]) == cached[1]:
+    if cached is not None and _unchanged(cached[0], cached[1]):
         return cached[2]
-    run = _run_ssh_g(request.destination, request.options, request.files, match_exec)
+    run = _without_config(request) or _run_ssh_g(request.destination, request.options, request.files, match_exec)
     endpoint = _endpoint(request, run, match_exec, _depth)
     if not run.exec_ran:
         with _cache_lock:
-            _cache[key] = (tuple(run.files_read), _stamp(run.files_read), endpoint)
+            _cache[key] = (tuple(run.files_read), json.loads(json.dumps(_stamp(run.files_read))), endpoint)
     return endpoint
+
+
+_PLAIN_OPTION = re.compile(r'^(Port|IdentityFile|User|ConnectTimeout)=(.*)$')
+_template: list[_Run] = []
+
+
+def _without_config(request: Request) -> _Run | None:
+    """With no config (-F none) and only the options the inventory's own vars pass, nothing ssh
+    prints depends on the destination but the destination itself (lowercased, as ssh does) and those
+    options: one `ssh -G -F none` per process gives the rest (its default identity files are this
+    ssh's own). Inventories of 10,000 hosts select without 10,000 processes."""
+    if request.files.path != "none" or len(request.options) % 2 or re.search(r"[@%:/]", request.destination):
+        return None  # user@host, ssh:// and tokens are ssh's to read
+    given: dict[str, str] = {}
+    for flag, value in zip(request.options[::2], request.options[1::2]):
+        m = _PLAIN_OPTION.match(value)
+        if flag != "-o" or m is None or m.group(1).lower() in given or '"' in m.group(2)[1:-1]:
+            return None
+        given[m.group(1).lower()] = m.group(2).strip('"')
+    if not _template:
+        _template.append(_run_ssh_g("sglfleet-template", (), request.files, False))
+    values = {k: list(v) for k, v in _template[0].values.items()}
+    values["host"] = [request.destination]
+    values["hostname"] = [request.destination.lower()]
+    for key, value in given.items():
+        values[key] = [value]
+    return _Run(values, [], [], [], False)
 
 
 def resolve_many(requests: Sequence[Request], match_exec: bool = True) -> list[SshEndpoint]:
@@ -387,12 +519,16 @@ def resolve_many(requests: Sequence[Request], match_exec: bool = True) -> list[S
     if not requests:
         return []
     unique = list(dict.fromkeys(requests))
-    if len(unique) == 1:
-        found = {unique[0]: resolve(unique[0], match_exec)}
-    else:
-        with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(unique))) as pool:
-            futures = {r: pool.submit(resolve, r, match_exec) for r in unique}
-            found = {r: f.result() for r, f in futures.items()}
+    _now.clear()  # config files are looked at again once per selection
+    try:
+        if len(unique) == 1:
+            found = {unique[0]: resolve(unique[0], match_exec)}
+        else:
+            with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(unique))) as pool:
+                futures = {r: pool.submit(resolve, r, match_exec) for r in unique}
+                found = {r: f.result() for r, f in futures.items()}
+    finally:
+        _disk.flush()
     return [found[r] for r in requests]
 
 
