@@ -187,23 +187,21 @@ def bastion_proxy(inventory):
         proxy.stop()
 
 
+def _bastion(bastion_proxy, user: str = "nobody", identity: str = "IdentityFile {key}") -> str:
+    """The ssh config's block for the bastion: the proxy's address and port, ct129's key name."""
+    ct129, (proxy_host, proxy_port) = bastion_proxy
+    return (f"Host bastion\n    Hostname {proxy_host}\n    Port {proxy_port}\n    User {user}\n"
+            f"    {identity}\n    HostKeyAlias {ct129.address}\n")
+
+
 def test_proxy_jump_through_a_bastion_with_its_own_host_block(lab, inventory, bastion_proxy, tmp_path):
     from orchestrator.fleet.inventory import load_inventory
-    ct129, (proxy_host, proxy_port) = bastion_proxy
+    _, (proxy_host, proxy_port) = bastion_proxy
     ct130 = inventory.hosts["ct130"]
     # 'bastion' is no name anything resolves, nothing listens on its port 22, and the target's key
     # (ansible_ssh_private_key_file) is not passed to a hop: only the block's own Hostname, Port,
     # IdentityFile (and HostKeyAlias, the name its key is recorded under) reach ct129, as its User.
-    config = _lab_config(tmp_path, lab, f"""
-Host bastion
-    Hostname {proxy_host}
-    Port {proxy_port}
-    User nobody
-    IdentityFile {{key}}
-    HostKeyAlias {ct129.address}
-Host {ct130.address}
-    ProxyJump bastion
-""")
+    config = _lab_config(tmp_path, lab, _bastion(bastion_proxy) + f"Host {ct130.address}\n    ProxyJump bastion\n")
     (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct130")
     (hop,) = target.ssh.hops()
     assert (hop.address, hop.port, hop.user, hop.identity_files) == (proxy_host, proxy_port, "nobody",
@@ -218,18 +216,10 @@ Host {ct130.address}
 def test_a_hop_refused_names_the_route_and_the_config(lab, inventory, bastion_proxy, tmp_path):
     from orchestrator.errors import ConnectError
     from orchestrator.fleet.inventory import load_inventory
-    ct129, (proxy_host, proxy_port) = bastion_proxy
-    config = _lab_config(tmp_path, lab, f"""
-Host bastion
-    Hostname {proxy_host}
-    Port {proxy_port}
-    User nobody
-    IdentityFile /nonexistent/key
-    IdentityAgent none
-    HostKeyAlias {ct129.address}
-Host {inventory.hosts["ct130"].address}
-    ProxyJump bastion
-""")
+    _, (proxy_host, proxy_port) = bastion_proxy
+    config = _lab_config(tmp_path, lab, _bastion(bastion_proxy, identity="IdentityFile /nonexistent/key\n"
+                                                                    "    IdentityAgent none")
+                         + f"Host {inventory.hosts['ct130'].address}\n    ProxyJump bastion\n")
     (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct130")
     with pytest.raises(ConnectError, match=rf"cannot connect to root@{target.address}:22 via nobody@{proxy_host}:"
                                            rf"{proxy_port} .*No authentication methods.*ssh config in use: {config}"):
@@ -238,14 +228,9 @@ Host {inventory.hosts["ct130"].address}
 
 def test_multi_hop_proxy_jump_nests_each_hop(lab, inventory, bastion_proxy, tmp_path):
     from orchestrator.fleet.inventory import load_inventory
-    ct129, (proxy_host, proxy_port) = bastion_proxy
+    _, (proxy_host, _port) = bastion_proxy
     ct131 = inventory.hosts["ct131"]
-    config = _lab_config(tmp_path, lab, f"""
-Host bastion
-    Hostname {proxy_host}
-    Port {proxy_port}
-    IdentityFile {{key}}
-    HostKeyAlias {ct129.address}
+    config = _lab_config(tmp_path, lab, _bastion(bastion_proxy, user="root") + f"""
 Host inner
     Hostname {ct131.address}
     IdentityFile {{key}}
