@@ -265,3 +265,19 @@ def test_host_vars_on_a_group_name_are_refused_where_ansible_gives_them_to_the_g
     with pytest.raises(ConfigError) as info:
         ours(name)
     assert info.value.line == 3 and "has vars and the name of a group" in str(info.value)
+
+
+def test_ungrouped_as_a_child_is_refused_where_ansible_loses_its_hosts():
+    name = "28_ungrouped_as_child.ini"
+    assert _members(ansible_inventory(name), "all") == {"w1"}  # 'lonely' is in no group at all
+    with pytest.raises(ConfigError) as info:
+        ours(name)
+    assert info.value.line == 6 and "'ungrouped' cannot be a child of 'web'" in str(info.value)
+
+
+def test_bytes_that_are_not_utf8_outside_comments_are_refused_where_ansible_keeps_them():
+    name = "30_ini_latin1_host.ini"
+    assert len(_all_hosts(ansible_inventory(name))) == 1  # a host named with an escaped byte
+    with pytest.raises(ConfigError) as info:
+        ours(name)
+    assert info.value.line == 3 and "is not UTF-8 text (byte 0xe9)" in str(info.value)

@@ -76,6 +76,21 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def decode(raw: bytes) -> str | None:
+    """An INI file's text when it is not all UTF-8, as Ansible takes it: a comment line (its first
+    byte `#` or `;`) may hold any bytes and reads as empty; None when another line is not UTF-8."""
+    lines = []
+    for line in raw.splitlines():
+        if line[:1] in (b"#", b";"):
+            lines.append("")
+            continue
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return "\n".join(lines)
+
+
 def _line_map(shown: str, number: int, items: dict[Any, Any] | None = None) -> SourceMap:
     """A SourceMap for one INI line: its keys and itself all at that line (file:line in errors)."""
     block = SourceMap(items or {})

@@ -50,7 +50,7 @@ from ..spec.yamlsrc import SourceMap, load_yaml, read_text, without_location
 from . import inventory_sources, patterns, ssh_resolve
 from .hostkeys import KnownHosts
 from .hostnames import BadRange, NotAnAddress, expand_ranges, parse_address, split_host_key
-from .ini_inventory import parse_ini
+from .ini_inventory import decode as decode_ini, parse_ini
 
 HOST_KEY_POLICIES = ("strict", "accept-new")
 GROUP_KEYS = ("hosts", "vars", "children")
@@ -316,6 +316,9 @@ class _Parser:
             chain = f"'{child}' contains '{parent}'" if child != parent else f"'{child}' lists itself"
             message = f"group '{child}' cannot be a child of '{parent}': {chain} (a loop)"
             raise where.error(message, key) if where is not None else ConfigError(message, self.shown)
+        if child == "ungrouped" and where is not None:
+            raise where.error(f"'ungrouped' cannot be a child of '{parent}': Ansible would then take its hosts "
+                              "out of 'ungrouped' and out of every group, 'all' included", key)
         p.children.append(child)
         c.parents.append(parent)
 
@@ -662,7 +665,18 @@ def _read_inventory_file(parser: _Parser, path: Path) -> None:
     INI (any file; the ini plugin goes by content, not by extension)."""
     shown = str(path)
     inventory_sources.refuse_other_plugins(path, shown)
-    text = read_text(path, shown, "the inventory")  # a missing, unreadable or non-UTF-8 file ends here
+    try:
+        text = read_text(path, shown, "the inventory")  # a missing or unreadable file ends here
+    except ConfigError:
+        # bytes that are not UTF-8: Ansible's ini plugin takes them in comment lines (none else reads it)
+        try:
+            text = decode_ini(path.read_bytes())
+        except OSError:
+            text = None
+        if text is None:
+            raise
+        parse_ini(text, shown, parser)
+        return
     yaml_problem: ConfigError | None = None
     if inventory_sources.reads_as_yaml(path):
         try:
@@ -683,10 +697,23 @@ def _read_inventory_file(parser: _Parser, path: Path) -> None:
             raise
         if path.suffix in (".yaml", ".yml", ".json"):  # its name says YAML: the YAML problem is the one
             raise yaml_problem from None
-        # no extension: Ansible tries both and shows both
-        raise ConfigError(f"{without_location(ini_problem)} (read as INI; as YAML it fails too, at line "
-                          f"{yaml_problem.line or 1}: {without_location(yaml_problem)})",
-                          shown, ini_problem.line) from None
+        # no extension: Ansible tries both and shows both; lead with the format its first line has
+        first, other = (yaml_problem, ini_problem) if _looks_like_yaml(text) else (ini_problem, yaml_problem)
+        raise ConfigError(f"{without_location(first)} (read as {'YAML' if first is yaml_problem else 'INI'}; as "
+                          f"{'INI' if first is yaml_problem else 'YAML'} it fails too, at line {other.line or 1}: "
+                          f"{without_location(other)})", shown, first.line) from None
+
+
+_YAML_START = re.compile(r"^(?:---|%YAML|[^\[\s=#;][^=]*:(?:\s|$))")
+
+
+def _looks_like_yaml(text: str) -> bool:
+    """Whether a file's first line that is no comment reads as YAML (`---`, `key:`), not INI."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and line[0] not in "#;":
+            return bool(_YAML_START.match(line))
+    return False
 
 
 def _load_inventory(sources: list[str | Path], ssh_config_path: str | None) -> Inventory:
