@@ -243,3 +243,43 @@ Host {inventory.hosts["ct132"].address}
     with Connection(target, KnownHosts(inventory.known_hosts_path)) as c:
         assert c.run("hostname").stdout == b"ct132\n"
         assert len(c._clients) == 3  # bastion, inner inside it, the target inside inner
+
+
+RELAY = """
+import socket, sys, threading
+upstream = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+def send():
+    while data := sys.stdin.buffer.raw.read(65536):
+        upstream.sendall(data)
+    upstream.shutdown(socket.SHUT_WR)
+threading.Thread(target=send, daemon=True).start()
+while data := upstream.recv(65536):
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+"""
+
+
+def test_proxy_command_runs_through_the_shell_with_tokens(lab, inventory, tmp_path, monkeypatch):
+    """A ProxyCommand that is not nc (a Python relay to %h %p) is refused under the loopback guard;
+    with the guard off, which is allowed only in the network jail (only lo exists), it carries the
+    connection, run with the user's shell as ssh runs it."""
+    import sys
+
+    from orchestrator.errors import LoopbackOnlyError
+    from orchestrator.fleet.inventory import load_inventory
+
+    from .conftest import in_network_jail
+    relay = tmp_path / "relay.py"
+    relay.write_text(RELAY)
+    ct131 = inventory.hosts["ct131"]
+    config = _lab_config(tmp_path, lab, f"Host {ct131.address}\n    ProxyCommand {sys.executable} {relay} %h %p"
+                                        "  # a comment, which the shell drops\n")
+    (target,) = load_inventory(lab.inventory_path, ssh_config_path=config).select("ct131")
+    assert target.ssh.proxy_command == f"{sys.executable} {relay} {ct131.address} 22  # a comment, which the shell drops"
+    with pytest.raises(LoopbackOnlyError, match="refusing the ProxyCommand of host ct131"):
+        Connection(target, KnownHosts(inventory.known_hosts_path)).run("true")
+    if not in_network_jail():
+        pytest.skip("the guard may be off only in the network jail (make test)")
+    monkeypatch.delenv("SGLFLEET_LOOPBACK_ONLY")
+    with Connection(target, KnownHosts(inventory.known_hosts_path)) as c:
+        assert c.run("hostname").stdout == b"ct131\n"

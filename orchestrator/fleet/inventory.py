@@ -952,7 +952,7 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
         for flag, keyword in (("-J", "proxyjump"), ("-i", "identityfile"), ("-l", "user"), ("-p", "port")):
             if flag in options and keyword not in dict(sources):
                 sources.append((keyword, f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"))
-    request = ssh_resolve.Request(destination, tuple(options), ssh_config, tuple(sources))
+    request = ssh_resolve.Request(destination, tuple(options), ssh_config, tuple(sources), name)
     return Host(
         name=name,
         address=destination,

@@ -465,15 +465,31 @@ class Request:
     options: tuple[str, ...]
     files: SshConfigFiles
     sources: tuple[tuple[str, str], ...] = ()   # (ssh keyword, inventory file:line)
+    name: str = field(default="", compare=False)  # the inventory host, for messages
+
+
+_UNSPEAKABLE = re.compile(r"[\x00-\x20\x7f]")
 
 
 def resolve(request: Request, match_exec: bool = True, _depth: int = 0) -> SshEndpoint:
     """OpenSSH's resolution of one destination (and its ProxyJump hops), cached for the process."""
+    if request.name and _depth == 0:
+        try:
+            return _resolve(request, match_exec, 0)
+        except ConfigError as exc:
+            raise ConfigError(f"host '{request.name}': {exc}") from None
+    return _resolve(request, match_exec, _depth)
+
+
+def _resolve(request: Request, match_exec: bool, _depth: int) -> SshEndpoint:
     if _depth > MAX_HOPS:
         raise ConfigError(f"ProxyJump of {request.destination!r} goes through more than {MAX_HOPS} hops; a "
                           f"loop in the ssh config? (config in use: {request.files.shown})")
-    if request.destination.startswith("-"):
-        raise ConfigError(f"ssh destination {request.destination!r} starts with '-'")
+    if request.destination.startswith("-") or _UNSPEAKABLE.search(request.destination):
+        raise ConfigError(f"ssh destination {request.destination!r} (ansible_host or the host name) cannot be "
+                          "given to ssh: it starts with '-' or holds a control character or blank")
+    if any("\x00" in option for option in request.options):
+        raise ConfigError(f"an ssh option for {request.destination!r} holds a NUL character: {request.options!r}")
     key = (request, match_exec)
     with _cache_lock:
         cached = _cache.get(key)
