@@ -281,3 +281,17 @@ def test_bytes_that_are_not_utf8_outside_comments_are_refused_where_ansible_keep
     with pytest.raises(ConfigError) as info:
         ours(name)
     assert info.value.line == 3 and "is not UTF-8 text (byte 0xe9)" in str(info.value)
+
+
+@pytest.mark.parametrize("combo", [("23_inventory_dir", "17_vars_dirs/inventory.yaml", "24_ini_with_vars_dirs/hosts.ini"),
+                                   ("20_ini_documented.ini", "21_ini_values")])
+def test_several_sources_merge_as_in_ansible(combo):
+    """`ansible-inventory -i A -i B` (ANSIBLE_INVENTORY=A,B): hosts and vars, group_vars/ per source."""
+    argv = [arg for name in combo for arg in ("-i", str(CORPUS / name))]
+    proc = _run("ansible-inventory", *argv, "--list")
+    assert proc.returncode == 0, proc.stderr
+    listing = json.loads(proc.stdout)
+    inv = load_inventory([CORPUS / name for name in combo], ssh_config_path="/nonexistent")
+    assert set(inv.hosts) == _all_hosts(listing)
+    for host in inv.hosts.values():
+        assert host.vars == listing["_meta"]["hostvars"].get(host.name, {}), host.name

