@@ -295,3 +295,18 @@ def test_several_sources_merge_as_in_ansible(combo):
     assert set(inv.hosts) == _all_hosts(listing)
     for host in inv.hosts.values():
         assert host.vars == listing["_meta"]["hostvars"].get(host.name, {}), host.name
+
+
+def test_ignore_settings_skip_what_ansible_skips(monkeypatch):
+    """ANSIBLE_INVENTORY_IGNORE / _REGEX replace the defaults, for ansible-core and for sglfleet."""
+    name = "23_inventory_dir"
+    settings = {"ANSIBLE_INVENTORY_IGNORE": ".ini,.md", "ANSIBLE_INVENTORY_IGNORE_REGEX": "^sub$"}
+    proc = subprocess.run([str(BIN / "ansible-inventory"), "-i", str(CORPUS / name), "--list"], capture_output=True,
+                          text=True, timeout=300, env={**_ansible_env(), **settings}, cwd=CORPUS)
+    assert proc.returncode == 0, proc.stderr
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    inv = load_inventory(CORPUS / name, ssh_config_path="/nonexistent")
+    listing = json.loads(proc.stdout)
+    assert set(inv.hosts) == _all_hosts(listing) == {"db1", "web3", "ignored-bak", "ignored-txt", "ignored-retry",
+                                                      "ignored-cfg", "ignored-tilde"}
