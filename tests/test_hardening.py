@@ -341,3 +341,38 @@ def test_a_plain_server_command_and_bind_still_load(tmp_path):
                     "      sglfleet_server_command: \"/usr/local/bin/sglfleet-sim-server --label 'a b'\"\n")
     host = load_inventory(str(path)).hosts["ct129"]
     assert host.vars["sglfleet_server_bind"] == "::"
+
+
+# ---------------------------------------------------------------- a host-side helper killed
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_a_push_whose_helper_is_killed_says_the_signal_and_that_nothing_was_swapped(tmp_path):
+    """The helper dies mid-transfer (kill -9, as the OOM killer would): the push says so with the
+    signal, and what the host holds; the next push removes the staging dir it left."""
+    with private_lab("killed-helper", 13, 1) as lab:
+        inv = load_inventory(lab.inventory_path)
+        with Connection(inv.hosts["ct129"], KnownHosts(inv.known_hosts_path)) as conn:
+            proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", "ct129", "qwen36-ddtree",
+                                     "--bwlimit", "4", "-i", str(lab.inventory_path)], cwd=ROOT,
+                                    env=fenced_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 120
+            while conn.run("ls -d /var/lib/sglfleet/releases/*/files").exit_code != 0:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.05)
+            staged = conn.run("ls /var/lib/sglfleet/releases").stdout_text.split()
+            killed = conn.run("kill -9 $(python3 -c 'import json;print(json.load(open(\"/var/lib/sglfleet/lock\"))"
+                              "[\"pid\"])')")
+            assert killed.ok, killed.stderr_text
+            out, err = proc.communicate(timeout=120)
+            said = " ".join((out + err).split())
+            assert proc.returncode == 1, said
+            assert "killed by signal 9 (SIGKILL)" in said and "nothing was swapped" in said, said
+            assert "Traceback" not in said
+            assert conn.run("ls /var/lib/sglfleet/releases").stdout_text.split() == staged  # left behind...
+            assert _release_state(lab, "ct129")["releases"] == []  # ...but never listed
+            again = sglfleet("push", "ct129", "qwen36-ddtree", "--json", "-i", str(lab.inventory_path))
+            assert again.returncode == 0, again.stderr
+            release = json.loads(again.stdout)["hosts"]["ct129"]["value"]["release"]
+            assert conn.run("ls /var/lib/sglfleet/releases").stdout_text.split() == [release]  # ...and removed

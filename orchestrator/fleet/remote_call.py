@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 from functools import lru_cache
 from typing import IO, Any, Callable
 
@@ -45,13 +46,35 @@ def script_bytes(name: str) -> bytes:
     return (REMOTE_DIR / name).read_bytes()
 
 
+# The helper is not exec'd: its shell outlives it to say which signal ended it (SSH reports a
+# death by signal without the number; the shell's status is 128 + N), then exits with its status.
+SIGNAL_REPORT = ('; s=$?; if [ "$s" -gt 128 ]; then echo "sglfleet: the helper was killed by signal '
+                 '$((s - 128))" >&2; fi; exit "$s"')
+SIGNALED = 128  # a status above this is 128 + the signal that killed the helper
+
+
 def command_line(interpreter: str, script: str, command: str, fallback_python: bool = False) -> str:
     argv = " ".join(shlex.quote(a) for a in ("-c", BOOT, script, command))
     if not fallback_python:
-        return f"exec {shlex.quote(interpreter)} {argv}"
+        return f"{shlex.quote(interpreter)} {argv}{SIGNAL_REPORT}"
     # The configured interpreter may be missing: run with python3 and tell the script so.
-    return (f"if p=$(command -v {shlex.quote(interpreter)}); then exec \"$p\" {argv}; "
-            f"else exec python3 {argv} --interpreter-missing; fi")
+    return (f"if p=$(command -v {shlex.quote(interpreter)}); then \"$p\" {argv}; "
+            f"else python3 {argv} --interpreter-missing; fi{SIGNAL_REPORT}")
+
+
+def no_answer_why(result: Any, timeout: float | None) -> str:
+    """Why a helper gave no answer, in words: timed out, killed by signal N, or its exit code."""
+    if result.timed_out:
+        return f"timed out after {timeout}s"
+    code = result.exit_code
+    if code is not None and (code > SIGNALED or code < 0):
+        number = code - SIGNALED if code > 0 else -code
+        try:
+            name = f" ({signal.Signals(number).name})"
+        except ValueError:
+            name = ""
+        return f"killed by signal {number}{name}"
+    return f"exit code {code}"
 
 
 def call(conn: Any, script: str, command: str, args: dict[str, Any] | None = None, payload: Payload = None,
@@ -80,7 +103,7 @@ def call(conn: Any, script: str, command: str, args: dict[str, Any] | None = Non
         envelope = None
     name = conn.host.name
     if not isinstance(envelope, dict) or "ok" not in envelope:
-        why = f"timed out after {timeout}s" if result.timed_out else f"exit code {result.exit_code}"
+        why = no_answer_why(result, timeout)
         raise RemoteError(f"{name}: {script} {command} gave no answer ({why}):\n"
                           f"{result.stdout_text}{result.stderr_text}".rstrip(), "NoAnswer",
                           exit_status=result.exit_code)

@@ -233,6 +233,22 @@ def recover(host):
     return {"txid": journal["txid"], "undone": not committed, "files": [op["key"] for op in journal["ops"]]}
 
 
+def remove_orphans(host):
+    """Release directories with no record: what a helper killed during the transfer or the
+    verify left (nothing of them was swapped in, and after recover() no journal names them).
+    Removed, so `releases` and the disk never show a half-staged release. Their ids."""
+    base = os.path.join(host.state, hostlib.RELEASES_DIR)
+    removed = []
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        path = os.path.join(base, name)
+        if os.path.isdir(path) and not os.path.lexists(os.path.join(path, "release.json")):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+    if removed:
+        log("removed %d orphan staging dir(s) of killed runs: %s" % (len(removed), ", ".join(removed)))
+    return removed
+
+
 def check_python(host, keys, modules):
     """py_compile the changed .py files, then import the modules in a fresh interpreter."""
     import py_compile
@@ -352,6 +368,7 @@ def cmd_apply(host, args, stream):
     with Lock(host.state, args["holder"]):
         refuse_while_deployed(host, args)
         recovered = recover(host)
+        orphans = remove_orphans(host)  # after recover: no journal can name one any more
         if os.path.exists(rdir):
             raise Failure("release %s already exists on this host" % release_id)
         staging = os.path.join(rdir, "files")
@@ -401,7 +418,7 @@ def cmd_apply(host, args, stream):
         host.set_current(release_id)
         tx.finish()
     return {"release": release_id, "previous": previous, "files": [item["key"] for item in files],
-            "recovered": recovered}
+            "recovered": recovered, "orphans_removed": orphans}
 
 
 def cmd_releases(host, args):

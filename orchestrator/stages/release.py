@@ -4,7 +4,9 @@ The pipeline per host reads top to bottom:
     inspect (one round trip: package, hashes, pristine bases, fingerprint facts)
     -> plan (pure: classify every target file)
     -> apply (one round trip: the changed files as one tar stream, swapped in on the host)
-The host side is `remote/release.py`; it holds the lock, the journal and the records.
+The host side is `remote/release.py`; it holds the lock, the journal and the records. Only when
+the host-side helper was killed (no answer, a signal) does a third round trip read what the host
+holds, for the message: nothing swapped, mid-swap, or committed.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from ..errors import ConfigError, RemoteError
+from ..errors import ConfigError, ConnectError, RemoteError
 from ..spec.patchset import NEW, PatchError, sha256
 from ..spec.profile import Artifacts
 from ..fleet import remote_call
@@ -279,9 +282,34 @@ def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, 
     args = {"package": inspected["package"]["name"], "id": release_id, "holder": holder(command),
             "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
             "artifacts": artifacts_doc, "import_check": plan.import_check, "pace_s": pace_s}
-    answer = call(conn, "apply", args, payload=tar)
+    try:
+        answer = call(conn, "apply", args, payload=tar)
+    except RemoteError as exc:
+        if exc.error_type != "NoAnswer" or exc.exit_status is None or not (
+                exc.exit_status > remote_call.SIGNALED or exc.exit_status < 0):
+            raise
+        raise RemoteError(_killed_apply(conn, exc, release_id, inspected["package"]["name"]), "NoAnswer",
+                          exc.remote_traceback, exc.detail, exc.exit_status) from None
     return PushOutcome(plan, answer["release"], tar.content_bytes, answer.get("recovered") or
                        inspected.get("recovered"))
+
+
+def _killed_apply(conn: Connection, exc: RemoteError, release_id: str, package: str) -> str:
+    """What a push whose host-side helper was killed did: one more round trip (only then) reads
+    the host's releases, since the helper could not say how far it got."""
+    why = remote_call.no_answer_why(SimpleNamespace(timed_out=False, exit_code=exc.exit_status), None)
+    head = f"{conn.host.name}: the host-side helper (release.py apply) was {why}"
+    try:
+        state = list_releases(conn, package)
+    except (RemoteError, ConnectError, OSError) as again:
+        return f"{head}; its state could not be read afterwards ({again}): see `sglfleet releases {conn.host.name}`"
+    if state.get("interrupted"):
+        return (f"{head} during the swap: every file is wholly old or new, and the next push or rollback undoes "
+                "the interrupted run from its journal first")
+    if any(r.get("id") == release_id for r in state.get("releases") or []):
+        return f"{head} after release {release_id} was committed: it is in place (`sglfleet releases`)"
+    return (f"{head} before it swapped anything: nothing was swapped, every file is as it was; the staging "
+            "directory it left is removed by the next push")
 
 
 def _apply_order(f: FilePlan) -> tuple[int, str]:
