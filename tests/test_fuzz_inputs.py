@@ -169,7 +169,10 @@ HOSTILE = ["nan", "inf", "-inf", "-1", "0", "1e308", "99999999999999999999999", 
            "\x1b[2J", "a\nb", "all", "ct129", ":", ",", "!ct129", "~(", "ct1[0:", "10m", "last",
            "2026-13-45", "qwen36-ddtree", "no-such-profile", "/proc/x/y", "/sys/kernel/x", "/dev/null",
            "/dev/full", "/etc/passwd/x", "rel-dir", "../up", "/proc/self/status", "9" * 400, "--json"]
-SKIPPED = {"inventory", "follow", "local", "python"}  # -i is ours; -f never ends; --local runs SGLang here
+WRITES = ("runs", "csv_path", "plot_dir", "out")  # options naming where this machine writes
+VALID_ARGUMENTS = {"pattern": st.sampled_from(["all", "ct129", "gpu-fleet"]), "host": st.just("ct129"),
+                   "profile": st.sampled_from(["qwen36-ddtree", "qwen3-8b-dflash"]), "command": st.just("true")}
+SKIPPED = {"inventory_path", "follow", "local", "python"}  # -i is ours; -f never ends; --local runs SGLang here
 COMMANDS = [(name, command) for name, command in typer.main.get_command(app).commands.items() if name != "lab"]
 COMMANDS = [(f"{name} {sub}", c) for name, group in COMMANDS if isinstance(group, click.Group)
             for sub, c in group.commands.items()] + [(n, c) for n, c in COMMANDS if not isinstance(c, click.Group)]
@@ -185,12 +188,13 @@ def _argv(draw: Any, command: click.Command) -> list[str]:
     for param in command.params:
         if param.name in SKIPPED:
             continue
-        if isinstance(param, click.Argument):
-            if param.required or draw(st.booleans()):
-                argv.append(draw(value))
-        elif draw(st.integers(0, 3)) == 0:
+        if param.param_type_name == "argument":
+            if param.required or draw(st.booleans()):  # mostly valid, so the options are reached
+                argv.append(draw(st.one_of(VALID_ARGUMENTS.get(param.name, value), value)
+                                 if draw(st.integers(0, 3)) else value))
+        elif draw(st.integers(0, 3)) == 0 or param.name in WRITES and draw(st.booleans()):
             flag = max(param.opts, key=len)
-            writes = param.name in ("runs", "csv_path", "plot_dir", "out")
+            writes = param.name in WRITES
             argv += [flag] if getattr(param, "is_flag", False) else [flag, draw(paths if writes else value)]
     return argv
 
@@ -218,7 +222,7 @@ def test_every_commands_options_against_unreachable_hosts_exit_0_1_or_2_and_neve
     inventory.write_text(UNREACHABLE)
     monkeypatch.chdir(tmp_path)  # --runs-dir, --out, --csv relative to here (default runs/ too)
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.data())
     def check(data: Any) -> None:
         argv = [*name.split(), *_argv(data.draw, command), "-i", str(inventory)]

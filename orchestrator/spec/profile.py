@@ -200,22 +200,29 @@ class Profile:
         return Artifacts(patchset, extension, notes)
 
 
+def _is_file(path: Path) -> bool:
+    try:  # a name too long for the file system, or one with a NUL, is no file
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def find_profile(name_or_path: str) -> Path:
     """A path to a .yaml file, or a name looked up in $SGLFLEET_PLAYBOOKS, ./playbooks, then
     the playbooks/ shipped next to this package."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.is_file():
+        if not _is_file(candidate):
             raise ConfigError(f"profile file {name_or_path} does not exist")
         return candidate
     dirs = [Path(d) for d in os.environ.get("SGLFLEET_PLAYBOOKS", "").split(os.pathsep) if d]
     dirs += [Path("playbooks"), data_dir("playbooks")]
     for d in dirs:
         for suffix in (".yaml", ".yml"):
-            if (d / f"{name_or_path}{suffix}").is_file():
+            if _is_file(d / f"{name_or_path}{suffix}"):
                 return d / f"{name_or_path}{suffix}"
     known = sorted({p.stem for d in dirs if d.is_dir() for p in d.glob("*.y*ml")})
-    raise ConfigError(f"no profile named '{name_or_path}' (looked in {', '.join(str(d) for d in dirs)}); "
+    raise ConfigError(f"no profile named {name_or_path!r} (looked in {', '.join(str(d) for d in dirs)}); "
                       f"known profiles: {', '.join(known) or 'none'}")
 
 
