@@ -523,6 +523,8 @@ def test_limit_file_patterns_one_per_line(fleet, tmp_path):
         fleet.select(f"@{empty}")
     with pytest.raises(ConfigError, match="limit file .* not found"):
         fleet.select(f"@{tmp_path / 'missing.retry'}")
+    with pytest.raises(ConfigError, match="a limit file is a term of its own"):
+        fleet.select(f"ct131,!@{retry}")
 
 
 def test_yaml_merge_keys_with_explicit_overrides(tmp_path):

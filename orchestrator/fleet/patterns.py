@@ -250,9 +250,13 @@ def select(pattern: str, source: PatternSource) -> Selection:
     hosts come in the order `all` lists them."""
     terms = split_pattern(pattern, source.path)
     from_files: dict[str, tuple[str, int]] = {}  # a term read from a limit file -> (file, line)
-    if any(t.startswith("@") for t in terms):
+    if any(t.lstrip("!&").startswith("@") for t in terms):
         expanded = []
         for term in terms:
+            if term[:2] in ("!@", "&@"):
+                raise ConfigError(f"host pattern term {term!r}: a limit file is a term of its own ('@FILE'); "
+                                  f"Ansible takes no '{term[0]}' before it: write '{term[0]}' before the lines "
+                                  "of the file instead", source.path)
             if not term.startswith("@"):
                 expanded.append(term)
                 continue
