@@ -19,6 +19,7 @@ from ..spec.profile import load_profile
 from ..stages import deploy as deploy_stage
 from ..stages import rollout as stage
 from . import output
+from .option_paths import output_dir
 from .common import (InventoryOpt, JsonOpt, PatternArg, PolicyOpt, command_line, health_timeouts, host_key_policy,
                      inventory, stop_on_signals)
 
@@ -44,7 +45,8 @@ RouterTimeoutOpt = typer.Option(60.0, "--router-timeout", help="Seconds for a ro
 ContinueOpt = typer.Option(False, "--continue", help="Resume a halted rollout: hosts it finished are skipped.")
 LoadTimeoutOpt = typer.Option(None, "--load-timeout", help="Seconds for the model load (until the port opens).")
 HealthTimeoutOpt = typer.Option(None, "--health-timeout", help="Seconds for each health stage after the port opens.")
-RunsOpt = typer.Option("runs", "--runs-dir", help="Where results and the resumable state are stored.")
+RunsOpt = typer.Option("runs", "--runs-dir", callback=output_dir(),
+                       help="Where results and the resumable state are stored.")
 
 
 def rollout_options(mode: str, batch: str, max_unavailable: Optional[str], max_fail_percentage: float,
