@@ -896,6 +896,7 @@ def _first(merged: dict[str, Any], names: tuple[str, ...]) -> tuple[str | None, 
 # ssh keyword -> the connection setting whose inventory var passes it (for provenance)
 _OPTION_SETTINGS = {"port": "port", "identityfile": "identity_file", "user": "user",
                     "connecttimeout": "connect_timeout", "proxyjump": "proxy_jump", "host": "address"}
+_FLAG_KEYWORDS = {"-J": "proxyjump", "-i": "identityfile", "-l": "user", "-p": "port"}
 
 
 def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], groups: tuple[str, ...],
@@ -940,18 +941,17 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
         notes.append((f"{var}: sglfleet connects with what ssh resolves of -o/-J/-i/-l/-p (address, port, user, "
                       f"keys, ProxyJump, ProxyCommand, ConnectTimeout, HostKeyAlias) and does not apply "
                       f"{' '.join(ignored)}", _where(origins.get(args_vars[0]))))
-    sources = []
+    given: dict[str, str] = {}  # ssh keyword -> the inventory var (file:line) that passes it
     for keyword, setting in _OPTION_SETTINGS.items():
         if setting in setting_vars:
-            sources.append((keyword, f"{_where(origins.get(setting_vars[setting]))} ({setting_vars[setting]})"))
-    if args_vars:
-        words = " ".join(options)
-        for keyword in ssh_resolve.APPLIED:
-            if keyword not in dict(sources) and re.search(rf"(?i)-o {keyword}[= ]", words):
-                sources.append((keyword, f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"))
-        for flag, keyword in (("-J", "proxyjump"), ("-i", "identityfile"), ("-l", "user"), ("-p", "port")):
-            if flag in options and keyword not in dict(sources):
-                sources.append((keyword, f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"))
+            given[keyword] = f"{_where(origins.get(setting_vars[setting]))} ({setting_vars[setting]})"
+    if args_vars:  # what the ssh args set, unless a var above already did (the first value wins)
+        where = f"{_where(origins.get(args_vars[0]))} ({args_vars[0]})"
+        for flag, value in zip(options[::2], options[1::2]):
+            keyword = ssh_resolve.option_keyword(value) if flag == "-o" else _FLAG_KEYWORDS.get(flag, "")
+            if keyword in ssh_resolve.APPLIED:
+                given.setdefault(keyword, where)
+    sources = list(given.items())
     request = ssh_resolve.Request(destination, tuple(options), ssh_config, tuple(sources), name)
     return Host(
         name=name,

@@ -16,8 +16,10 @@ promises no connection) runs them with SHELL=/bin/false, which ssh uses to run t
 criterion fails without running, and the endpoint says where it was and that it did not run.
 
 Round trips: none to any host; one local `ssh -G -vvv` per distinct (destination, options,
-config) and per ProxyJump hop, all a command selects run in parallel, cached for the process
-while the config files ssh read keep their mtimes (results that ran a Match exec are not cached).
+config) and per ProxyJump hop, all a command selects run 8 at a time. Answers are kept for the
+process and on disk (`_DiskCache`) while every config file ssh read and its folder keep their
+mtime and size (an answer that met a Match exec is never kept); with no config at all (`-F none`)
+one template answer serves every host whose options are only the inventory's own.
 Provenance: `sources` names, per setting, the inventory var (file:line) that passed it or the
 config file:line ssh took it from (the first applied Host/Match block that sets it).
 """
@@ -612,17 +614,22 @@ def _endpoint(request: Request, run: _Run, match_exec: bool, depth: int) -> SshE
 _KEYWORD = re.compile(r"^\s*([A-Za-z]+)\s*(?:=|\s)")
 _SETTINGS = ("hostname", "port", "user", "identityfile", "proxyjump", "proxycommand", "connecttimeout",
              "hostkeyalias", "identitiesonly")
-_lines_cache: dict[str, list[str]] = {}
+_lines_cache: dict[tuple[str, int], list[str]] = {}
 
 
 def _file_lines(path: str) -> list[str]:
-    if path not in _lines_cache:
+    """A config file's lines (for provenance only: the values are ssh's), read once per version."""
+    try:
+        key = (path, os.stat(path).st_mtime_ns)
+    except OSError:
+        return []
+    if key not in _lines_cache:
         try:
-            with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as fh:
-                _lines_cache[path] = fh.read().splitlines()
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                _lines_cache[key] = fh.read().splitlines()
         except OSError:
-            _lines_cache[path] = []
-    return _lines_cache[path]
+            _lines_cache[key] = []
+    return _lines_cache[key]
 
 
 def _block_keywords(path: str, start: int | None) -> Iterable[tuple[str, int]]:
@@ -689,7 +696,7 @@ def inventory_options(port: int | None, identity_file: str | None, user: str | N
     return options, ignored
 
 
-_WITH_VALUE = {"-o": None, "-J": "proxyjump", "-i": "identityfile", "-l": "user", "-p": "port"}
+_WITH_VALUE = ("-o", "-J", "-i", "-l", "-p")
 
 
 def ssh_words(text: str) -> tuple[list[str], list[str]]:
@@ -717,7 +724,7 @@ def ssh_words(text: str) -> tuple[list[str], list[str]]:
                 continue
             options += [flag, value]
             if flag == "-o":
-                keyword = re.split(r"[=\s]", value.strip(), maxsplit=1)[0].lower()
+                keyword = option_keyword(value)
                 if keyword not in APPLIED and keyword not in REPLACED:
                     ignored.append(f"-o {value}")
             continue
@@ -727,4 +734,5 @@ def ssh_words(text: str) -> tuple[list[str], list[str]]:
 
 
 def option_keyword(value: str) -> str:
+    """The keyword of an `-o` value: `Port=22` and `Port 22` are `port`."""
     return re.split(r"[=\s]", value.strip(), maxsplit=1)[0].lower()
