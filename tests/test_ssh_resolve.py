@@ -141,3 +141,19 @@ def test_answers_kept_on_disk_are_used_until_a_config_file_changes(tmp_path, mon
     (tmp_path / "conf.d" / "10-first.conf").write_text("Host 127.0.0.5\n    Port 2203\n")
     os.utime(tmp_path / "conf.d", (time.time() + 10, time.time() + 10))
     assert port() == 2203  # a new file the Include glob matches, read first
+
+
+def test_under_the_guard_ssh_g_never_canonicalizes_a_name(tmp_path, monkeypatch):
+    """CanonicalizeHostname would have ssh -G look names up in DNS; the guard allows /etc/hosts only."""
+    cfg, inv = _files(tmp_path, "CanonicalizeHostname always\nCanonicalDomains example.invalid\n"
+                                "Host *.example.invalid\n    Port 2999\n",
+                      "all:\n  hosts:\n    web1: {}\n")
+    from orchestrator.fleet import ssh_resolve
+
+    monkeypatch.setenv("SGLFLEET_SSH_CACHE", "none")
+    logs = []
+    real = ssh_resolve._parse_log
+    monkeypatch.setattr(ssh_resolve, "_parse_log", lambda stderr, *a: logs.append(stderr) or real(stderr, *a))
+    (host,) = load_inventory(inv, ssh_config_path=str(cfg)).select("all")
+    assert (host.address, host.port) == ("web1", 22) and len(logs) == 1
+    assert "resolve_canonicalize" not in logs[0] and "lookup" not in logs[0]  # ssh's own log: no lookup

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from .safety import loopback_only
 
 # The ssh client's default when nothing sets ConnectTimeout (sglfleet's, as before).
 DEFAULT_CONNECT_TIMEOUT = 10.0
@@ -290,7 +291,10 @@ _disk = _DiskCache()
 
 
 def _run_ssh_g(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> _Run:
-    argv = [ssh_binary(), "-G", "-vvv", *files.args, *options, "--", destination]
+    # Under the loopback guard names are never looked up in DNS: CanonicalizeHostname would have
+    # ssh -G ask it (the first value wins, so this one does).
+    guard = ("-o", "CanonicalizeHostname=no") if loopback_only() else ()
+    argv = [ssh_binary(), "-G", "-vvv", *files.args, *guard, *options, "--", destination]
     key = _disk.key(argv, match_exec)
     kept = _disk.get(key)
     if kept is not None:
