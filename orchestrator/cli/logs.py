@@ -5,6 +5,7 @@ Exit codes: 0 every host answered, 1 some host failed (the others are still show
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -66,8 +67,9 @@ class Printer:
     def line(self, line: stage.Line) -> None:
         with self.lock:
             if self.as_json:
-                sys.stdout.write((",\n" if self.count else "\n") + output.json_text(
-                    {"host": line.host, "ts": line.ts, "line": line.text}))
+                # the line is the one field a host wrote: redacted and escaped as on a terminal
+                sys.stdout.write((",\n" if self.count else "\n") + json.dumps(
+                    {"host": output.terminal_text(line.host), "ts": line.ts, "line": output.shown(line.text)}))
             else:
                 prefix = f"{line.host:<{self.width}} |"
                 code = self.color.get(line.host)

@@ -55,6 +55,8 @@ def terminal_text(value: str | bytes) -> str:
         value = bytes(value).decode("utf-8", "surrogateescape")
     elif not isinstance(value, str):
         value = str(value)
+    if value.isprintable():  # every character _UNSAFE names is unprintable: the common case, fast
+        return value
     return _UNSAFE.sub(_shown, value)
 
 

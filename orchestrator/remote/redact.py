@@ -134,9 +134,11 @@ def _forms(values):
 
 def text(value, values=()):
     """Free text with every secret value (any form of it) and every token-shaped text replaced."""
-    for form in _forms(values):
+    for form in _forms(values) if values else ():
         if form in value:
             value = value.replace(form, marker(form))
+    if "sk-" not in value and "hf_" not in value:  # what TOKEN needs, found much faster
+        return value
     return TOKEN.sub(lambda m: marker(m.group()), value)
 
 
