@@ -22,7 +22,14 @@ import pytest
 from . import netfence
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR", "/var/cache/sglfleet/lab-test"))
+# Each run's labs live under a name of their own (lab-test-run<PID>, its private labs beside it as
+# lab-test-run<PID>-NAME): two runs side by side (two checkouts, or a developer's targeted run
+# beside a CI clone's, each in its own network jail) used to share /var/cache/sglfleet/lab-test*,
+# and each run's "down the leftovers" at start killed the other run's hosts. Labs of runs whose
+# pytest is gone are taken down at the next run's start (pytest_sessionstart below).
+LAB_ROOT = Path("/var/cache/sglfleet")
+RUN_LAB_PREFIX = "lab-test-run"
+TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR") or LAB_ROOT / f"{RUN_LAB_PREFIX}{os.getpid()}")
 TEST_SUBNET = os.environ.get("SGLFLEET_TEST_SUBNET", "127.0.2")  # helpers running side by side pick their own
 TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
 
@@ -79,6 +86,42 @@ def fenced_env(extra: dict | None = None) -> dict[str, str]:
         env["SGLFLEET_TEST_FENCE_LOG"] = str(_fence_log)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FENCE_SITE), os.environ.get("PYTHONPATH")) if p)
     return {**env, **(extra or {})}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_run_labs(root: Path = LAB_ROOT) -> list[Path]:
+    """Lab dirs (and their -inventory dirs) of earlier runs whose pytest process is gone."""
+    import re
+
+    stale = []
+    for path in sorted(root.glob(f"{RUN_LAB_PREFIX}*")) if root.is_dir() else []:
+        match = re.match(rf"{RUN_LAB_PREFIX}(\d+)(?:-|$)", path.name)
+        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+            stale.append(path)
+    return stale
+
+
+def pytest_sessionstart(session):
+    if os.geteuid() != 0 or os.environ.get("SGLFLEET_TEST_LAB_DIR"):
+        return
+    from orchestrator.lab.manager import Lab
+
+    for path in stale_run_labs():
+        if not path.name.endswith("-inventory"):
+            try:
+                Lab(state_dir=path, inventory_path=path.with_name(path.name + "-inventory") / "lab.yaml").down()
+            except Exception as exc:  # noqa: BLE001 - a broken leftover must not stop the run
+                print(f"could not take down the leftover lab {path}: {exc}", file=sys.stderr)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def pytest_configure(config):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import subprocess
 import time
 
 import pytest
@@ -47,7 +48,7 @@ def test_lab_up_again_is_a_noop(lab):
 def test_kill_host_and_lab_down_leave_nothing(tmp_path):
     from orchestrator.lab.manager import Lab
 
-    lab = Lab(state_dir=TEST_LAB_DIR.with_name("lab-down-test"), inventory_path=tmp_path / "lab.yaml",
+    lab = Lab(state_dir=TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-down-test"), inventory_path=tmp_path / "lab.yaml",
               subnet="127.0.3")
     lab.down()
     lab.up(2)
@@ -90,7 +91,23 @@ def test_state_dir_under_a_per_host_path_is_refused(tmp_path):
 def test_bad_host_counts_are_bad_input(tmp_path, args, message):
     from .conftest import sglfleet
 
-    result = sglfleet("lab", "up", *args, env={"SGLFLEET_LAB_DIR": str(TEST_LAB_DIR.with_name("lab-bad-counts")),
+    state = TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-bad-counts")
+    result = sglfleet("lab", "up", *args, env={"SGLFLEET_LAB_DIR": str(state),
                                                "SGLFLEET_LAB_INVENTORY": str(tmp_path / "lab.yaml")})
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / "lab.yaml").exists()
+
+
+def test_a_run_takes_down_only_the_labs_of_runs_that_are_gone(tmp_path):
+    # Run labs are named by their pytest's pid: a live run's lab is never a leftover.
+    from .conftest import RUN_LAB_PREFIX, stale_run_labs
+
+    proc = subprocess.Popen(["true"])  # a pid that has exited
+    proc.wait()
+    alive = os.getppid()
+    for name in (f"{RUN_LAB_PREFIX}{proc.pid}", f"{RUN_LAB_PREFIX}{proc.pid}-logs",
+                 f"{RUN_LAB_PREFIX}{proc.pid}-logs-inventory", f"{RUN_LAB_PREFIX}{alive}",
+                 f"{RUN_LAB_PREFIX}{alive}-deploy", f"{RUN_LAB_PREFIX}{os.getpid()}", "lab-test-other"):
+        (tmp_path / name).mkdir()
+    assert [p.name for p in stale_run_labs(tmp_path)] == sorted(
+        [f"{RUN_LAB_PREFIX}{proc.pid}", f"{RUN_LAB_PREFIX}{proc.pid}-logs", f"{RUN_LAB_PREFIX}{proc.pid}-logs-inventory"])
