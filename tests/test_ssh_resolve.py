@@ -157,3 +157,12 @@ def test_under_the_guard_ssh_g_never_canonicalizes_a_name(tmp_path, monkeypatch)
     (host,) = load_inventory(inv, ssh_config_path=str(cfg)).select("all")
     assert (host.address, host.port) == ("web1", 22) and len(logs) == 1
     assert "resolve_canonicalize" not in logs[0] and "lookup" not in logs[0]  # ssh's own log: no lookup
+
+
+def test_sglfleet_proxy_jump_naming_an_inventory_host_goes_through_it_as_the_inventory_has_it(tmp_path):
+    cfg, inv = _files(tmp_path, "", "all:\n  hosts:\n    gw: {ansible_host: 127.0.0.9, ansible_port: 2209, "
+                                    "ansible_user: gate}\n    web: {ansible_host: 127.0.0.10, sglfleet_proxy_jump: gw}\n")
+    done = sglfleet("hosts", "-i", str(inv), "web", "--json", env={"SGLFLEET_SSH_CONFIG": str(cfg)})
+    (hop,) = json.loads(done.stdout)["hosts"][0]["ssh"]["via"]
+    assert (hop["address"]["value"], hop["port"]["value"], hop["user"]["value"]) == ("127.0.0.9", 2209, "gate")
+    assert "gate@127.0.0.9:2209" in sglfleet("hosts", "-i", str(inv), "web", env={"SGLFLEET_SSH_CONFIG": str(cfg)}).stdout

@@ -598,7 +598,7 @@ class Inventory:
                 origin = host.vars.get("ansible_connection")
                 raise ConfigError(f"host '{host.name}' has ansible_connection: {origin}; sglfleet connects "
                                   "over SSH (ssh, paramiko, smart) or runs locally (local) only", self.path)
-        hosts = resolve_hosts(hosts, match_exec)
+        hosts = resolve_hosts(hosts, match_exec, self.hosts)
         self.notes = _notes(hosts)
         for note in self.notes:
             log.warning("note: %s", note)
@@ -972,13 +972,25 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
     )
 
 
-def resolve_hosts(hosts: Sequence[Host], match_exec: bool = True) -> list[Host]:
+def resolve_hosts(hosts: Sequence[Host], match_exec: bool = True,
+                  inventory_hosts: dict[str, Host] | None = None) -> list[Host]:
     """Each SSH host with what OpenSSH resolves for it (address, port, user, keys, proxy), all at once
-    in parallel; local hosts and hosts made in code as they are. A refused config is a ConfigError."""
-    todo = [h for h in hosts if h.ssh_request is not None and h.ssh is None]
+    in parallel; local hosts and hosts made in code as they are. A refused config is a ConfigError.
+    A `sglfleet_proxy_jump` naming one of `inventory_hosts` goes through that host as the inventory
+    has it (its own vars, resolved too), as the connection does."""
+    inventory_hosts = inventory_hosts or {}
+    jumps = {h.proxy_jump: inventory_hosts[h.proxy_jump] for h in hosts
+             if h.ssh_request is not None and h.proxy_jump in inventory_hosts}
+    todo = [h for h in [*hosts, *jumps.values()] if h.ssh_request is not None and h.ssh is None]
     found = dict(zip((h.name for h in todo),
                      ssh_resolve.resolve_many([h.ssh_request for h in todo], match_exec)))  # type: ignore[misc]
-    return [resolved_host(h, found[h.name]) if h.name in found else h for h in hosts]
+    resolved = [resolved_host(h, found[h.name]) if h.name in found else h for h in hosts]
+    for index, host in enumerate(resolved):
+        jump = jumps.get(host.proxy_jump) if host.proxy_jump else None
+        jump_ssh = found.get(jump.name, jump.ssh) if jump is not None else None
+        if host.ssh is not None and jump_ssh is not None:
+            resolved[index] = dataclasses.replace(host, ssh=dataclasses.replace(host.ssh, via=jump_ssh))
+    return resolved
 
 
 def resolved_host(host: Host, endpoint: ssh_resolve.SshEndpoint) -> Host:
