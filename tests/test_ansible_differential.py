@@ -310,3 +310,135 @@ def test_ignore_settings_skip_what_ansible_skips(monkeypatch):
     listing = json.loads(proc.stdout)
     assert set(inv.hosts) == _all_hosts(listing) == {"db1", "web3", "ignored-bak", "ignored-txt", "ignored-retry",
                                                       "ignored-cfg", "ignored-tilde"}
+
+
+# Generated INI files (random sections, host lines, values, comments) and directories (INI, YAML
+# and JSON files, subdirectories, group_vars/ and host_vars/ as files and directories), fixed seeds:
+# each host's merged vars and each group's hosts equal what ansible-core's VariableManager gives,
+# or sglfleet refuses one of its deliberate refusals (a bad connection var, see the README table).
+GENERATED_ORACLE = """
+import json, sys
+from ansible.inventory.manager import InventoryManager
+from ansible.parsing.dataloader import DataLoader
+from ansible.vars.manager import VariableManager
+MAGIC = {'inventory_file', 'inventory_dir', 'inventory_hostname', 'inventory_hostname_short', 'group_names',
+         'groups', 'omit', 'playbook_dir', 'ansible_playbook_python', 'ansible_config_file', 'ansible_facts',
+         'ansible_version', 'ansible_check_mode', 'ansible_diff_mode', 'ansible_forks', 'ansible_verbosity',
+         'ansible_inventory_sources', 'ansible_skip_tags', 'ansible_run_tags'}
+answers = {}
+for path in sys.argv[1:]:
+    try:
+        inventory = InventoryManager(loader=DataLoader(), sources=[path])
+    except Exception as exc:
+        answers[path] = {"error": str(exc)}
+        continue
+    manager = VariableManager(loader=DataLoader(), inventory=inventory)
+    answers[path] = {
+        "vars": {h.name: {k: v for k, v in manager.get_vars(host=h, include_hostvars=False, stage='all').items()
+                          if k not in MAGIC} for h in inventory.get_hosts()},
+        "groups": {g.name: sorted(h.name for h in g.get_hosts()) for g in inventory.groups.values()}}
+print(json.dumps(answers, default=str))
+"""
+DELIBERATE = ("must be an integer port number", "must be a string", "has vars and the name of a group",
+              "cannot be a child of", "defines no hosts")
+
+
+def _generated_ini(rng) -> str:
+    groups = ["web", "db", "all", "ungrouped", "g-1", "g.2", "h1"]
+    hosts = ["h1", "h2", "h[1:3]", "10.0.0.1", "10.0.0.[1:2]:2200", "h3:2222", "[::1]:22", "fe80::1", "h-[a:c]",
+             "h[01:03]", "h[1:5:2]", "'quoted host'", "localhost"]
+    values = ["1", "'1'", '"1"', "True", "yes", "None", "[1,2]", "'[1, 2]'", "\"{'a': 1}\"", '"a b"', "1.5", "-3",
+              "0x10", "1e2", "foo#bar", "''", "a=b", "(1,)", "2j", "...", "'a''b'", "01", "1_0", "+1", "[]", "x.y"]
+    keys = ["x", "y", "color", "ansible_user", "ansible_port"]
+    connection = {"ansible_user": ["deploy", "'root'", '"a b"'], "ansible_port": ["22", "2222", '"2200"']}
+
+    def value(key: str) -> str:  # connection vars get values they take (others are refused on purpose)
+        return rng.choice(connection.get(key, values))
+    lines, kind = [], ""
+    for _ in range(rng.randint(3, 14)):
+        roll = rng.random()
+        if roll < .25:
+            kind = rng.choice(["", ":vars", ":children"])
+            lines.append(f"[{rng.choice(groups)}{kind}]" + rng.choice(["", " # c"]))
+        elif roll < .3:
+            lines.append(rng.choice(["# comment", "; comment", ""]))
+        elif kind == ":vars":
+            key = rng.choice(keys + ["ansible_group_priority"])
+            lines.append(key + rng.choice(["=", " = "]) + (rng.choice(["2", "10"]) if key == "ansible_group_priority"
+                                                            else value(key)))
+        elif kind == ":children":
+            lines.append(rng.choice(groups))
+        else:
+            pairs = " ".join(f"{key}={value(key)}" for key in rng.sample(keys, rng.randint(0, 3)))
+            lines.append(f"{rng.choice(hosts)} {pairs}{rng.choice(['', ' # trailing'])}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _generated_dir(rng, root: Path) -> None:
+    groups, hosts = ["web", "db", "app", "edge"], ["h1", "h2", "h3", "h4", "h5"]
+    for i in range(rng.randint(1, 3)):
+        name = rng.choice([f"{i}-hosts.ini", f"{i}-hosts.yml", f"{i}hosts", f"{i}-x.yaml", f"{i}-j.json"])
+        place = root / rng.choice(["", "sub"])
+        place.mkdir(parents=True, exist_ok=True)
+        if name.endswith((".yml", ".yaml", ".json")):
+            children = {}
+            for group in rng.sample(groups, rng.randint(1, 3)):
+                body: dict = {"hosts": {h: {"v": rng.randint(0, 9), "ansible_port": 2200 + rng.randint(0, 5)}
+                                        if rng.random() < .4 else None for h in rng.sample(hosts, rng.randint(1, 3))}}
+                if rng.random() < .5:
+                    body["vars"] = {"c": rng.choice("ab"), "ansible_group_priority": rng.randint(1, 3)}
+                children[group] = body
+            (place / name).write_text(json.dumps({"all": {"children": children}}))
+        else:
+            lines = []
+            for group in rng.sample(groups, rng.randint(1, 3)):
+                lines.append(f"[{group}]")
+                lines += [h + (f" v={rng.choice(['1', 'x', '[1]'])}" if rng.random() < .4 else "")
+                          for h in rng.sample(hosts, rng.randint(1, 3))]
+                lines += [f"[{group}:vars]", f"c={rng.choice(['1', 'x', 'True'])}"] if rng.random() < .5 else []
+            (place / name).write_text("\n".join(lines) + "\n")
+    for kind, names in (("group_vars", groups + ["all"]), ("host_vars", hosts)):
+        for name in rng.sample(names, rng.randint(0, 3)):
+            content = {"c": rng.choice(["gv", "gv2"]), "z": rng.randint(0, 9), "ansible_user": f"u{rng.randint(0, 3)}"}
+            (root / kind).mkdir(exist_ok=True)
+            form = rng.choice(["", ".yml", ".yaml", ".json", "/"])
+            if form == "/":
+                (root / kind / name).mkdir()
+                (root / kind / name / "a.yml").write_text(json.dumps(content))
+                (root / kind / name / "b").write_text(json.dumps({"z": 99}))
+            else:
+                (root / kind / (name + form)).write_text(json.dumps(content))
+
+
+def test_generated_inventories_equal_ansible(tmp_path):
+    import random
+
+    sources = []
+    for seed in range(60):
+        rng = random.Random(seed)
+        path = tmp_path / (f"gen{seed}.ini" if seed % 2 else f"gen{seed}")
+        path.write_text(_generated_ini(rng))
+        sources.append(path)
+    for seed in range(30):
+        (tmp_path / f"dir{seed}").mkdir()
+        _generated_dir(random.Random(1000 + seed), tmp_path / f"dir{seed}")
+        sources.append(tmp_path / f"dir{seed}")
+    proc = _run("python", "-c", GENERATED_ORACLE, *map(str, sources))
+    assert proc.returncode == 0, proc.stderr
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    compared = 0
+    for source in sources:
+        answer = theirs[str(source)]
+        shown = source.read_text() if source.is_file() else source
+        try:
+            inv = load_inventory(source, ssh_config_path="/nonexistent")
+        except ConfigError as exc:
+            assert "error" in answer or any(words in str(exc) for words in DELIBERATE), (shown, str(exc))
+            continue
+        assert "error" not in answer, (shown, answer)
+        ours = json.loads(json.dumps({"vars": {h.name: h.vars for h in inv.hosts.values()},
+                                      "groups": {g: sorted(m) for g, m in inv.groups.items()}}, default=str))
+        assert ours["vars"] == answer["vars"], shown
+        assert ours["groups"] == answer["groups"], shown
+        compared += 1
+    assert compared >= 45, compared  # most generated inventories are compared, not refused (52 of 90 now)

@@ -121,7 +121,7 @@ def test_seed_story_gate_serve_rerun(lab, inventory, tmp_path):
     assert [info[k] for k in ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_ddtree_budget",
                               "speculative_ddtree_topk_cap")] == ["DDTREE", 16, 64, 64]
     assert info["lab_simulation"] is True and info["host"] == inventory.hosts[host].address  # its own address
-    assert list(doc["health"]) == ["alive", "port", "health", "health_generate", "generate", "server_info"]
+    assert list(doc["health"]) == ["alive", "port", "health", "health_generate", "generate", "server_info", "min_ready"]
     assert doc["generated"]["completion_tokens"] == 8
     assert doc["round_trips"]["exec"] <= 6, doc["round_trips"]
     rec = record(inventory, host)
@@ -272,10 +272,21 @@ def test_controller_killed_mid_deploy_then_rerun_converges(lab, inventory, tmp_p
         time.sleep(0.5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert on_host(inventory, host, f"cat {STATE}/deploy-lease.json").strip()  # left behind
+    lease = json.loads(on_host(inventory, host, f"cat {STATE}/deploy-lease.json"))  # left behind
+    assert lease["step"] == "health" and lease["profile"] == "qwen36-ddtree", lease
+    # its controller is gone: status names the interrupted deploy, never "not deployed"
+    row = status_json(lab, host, slow)
+    said = "; ".join(row["drift"])
+    assert row["interrupted"]["id"] == lease["id"] and "not deployed" not in said, row
+    assert f"deploy {lease['id']} of release " in said and "interrupted at health by " in said, said
+    assert "started by that deploy and never recorded" in said and "rerun `sglfleet deploy`" in said, said
+    # the rerun takes the lease over at once, and says so
     code, doc, _ = deploy_json(lab, tmp_path, host, slow)
     assert code == 0, doc["summary"]
     assert doc["action"] in ("deployed", "unchanged")
+    assert doc["lease_taken_over"]["id"] == lease["id"], doc
+    assert f"took over the lease of deploy {lease['id']} (interrupted at health: its controller process is gone)" \
+        in doc["summary"], doc["summary"]
     row = status_json(lab, host, slow)
     assert row["alive"] and row["health"] == 200 and row["drift"] == []
 

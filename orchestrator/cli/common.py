@@ -21,12 +21,15 @@ from ..errors import ConfigError
 from ..fleet.group import DEFAULT_FORKS, Group, GroupResult
 from ..stages.health import DEFAULT_TIMEOUTS
 from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory, load_inventory
+from ..numbers import check_number
 from . import output
+from .option_checks import POSITIVE_SECONDS, number
 
 InventoryOpt = typer.Option(None, "-i", "--inventory", help="Inventory: an Ansible YAML or INI file, or a "
                             "directory of them (default: $SGLFLEET_INVENTORY, else $ANSIBLE_INVENTORY or "
                             "ansible.cfg's inventory, else inventory/lab.yaml when the lab is up).")
-ForksOpt = typer.Option(DEFAULT_FORKS, "--forks", "-f", help="How many hosts to work on at once.")
+ForksOpt = typer.Option(DEFAULT_FORKS, "--forks", "-f", callback=number(low=1),
+                        help="How many hosts to work on at once.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
 PolicyOpt = typer.Option(None, "--host-key-policy",
                          help=f"Override the inventory's host key policy: {' or '.join(HOST_KEY_POLICIES)}.")
@@ -74,15 +77,12 @@ def host_key_policy(value: Optional[str]) -> Optional[str]:
 
 
 def health_timeouts(load_timeout: Optional[float], health_timeout: Optional[float]) -> dict[str, float]:
-    """The staged health's timeouts from --load-timeout / --health-timeout (checked positive)."""
+    """The staged health's timeouts from --load-timeout / --health-timeout (positive, finite)."""
     out: dict[str, float] = {}
     if load_timeout is not None:
-        if load_timeout <= 0:
-            raise ConfigError(f"--load-timeout must be positive seconds, got {load_timeout}")
-        out["port"] = load_timeout
+        out["port"] = check_number("--load-timeout", load_timeout, **POSITIVE_SECONDS)
     if health_timeout is not None:
-        if health_timeout <= 0:
-            raise ConfigError(f"--health-timeout must be positive seconds, got {health_timeout}")
+        check_number("--health-timeout", health_timeout, **POSITIVE_SECONDS)
         out.update({k: health_timeout for k in DEFAULT_TIMEOUTS if k not in ("port", "alive")})
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -17,10 +18,11 @@ from ..stages import kernels
 from ..stages.runs import run_dir
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
-from . import rollout as rolling
 from .option_paths import output_dir
+from . import rollout as rolling
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
                      health_timeouts, inventory, run_group)
+from .option_checks import POSITIVE_SECONDS, SECONDS_OR_MORE, number, refuse_without
 
 
 def register(app: typer.Typer) -> None:
@@ -30,53 +32,89 @@ def register(app: typer.Typer) -> None:
     app.command("build-kernels")(build_kernels)
 
 
+class StepLines:
+    """Off a terminal (CI, a pipe), one line per step per host on stderr, as rollouts print: the
+    live table shows nothing there, and a long health wait would look like a hang. A health
+    stage's ticking elapsed time prints once, when the stage starts."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.last, self.started = enabled, {}, time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, host: str, text: str) -> None:
+        if not self.enabled:
+            return
+        key = " ".join(text.split(" ", 2)[:2]) if text.startswith("health:") else text.split(" ", 1)[0]
+        with self.lock:
+            if self.last.get(host) == key:
+                return
+            self.last[host] = key
+            output.stderr.print(f"{time.monotonic() - self.started:7.1f}s " + output.escape(f"{host}: {text}"),
+                                highlight=False)
+
+
 def _run(inv: Any, pattern: str, task: Callable[[Any, Callable[[str], None]], Any], label: str, forks: int,
          policy: Optional[str], quiet: bool) -> GroupResult:
-    """common.run_group with a per-host `note(text)` for live step progress."""
-    return run_group(inv, pattern, task, label, forks, policy, quiet, notes=True)
+    """common.run_group with a per-host `note(text)` for live step progress (StepLines off a terminal)."""
+    lines = StepLines(enabled=not quiet and not output.stderr.is_terminal)
+
+    def noted(conn: Any, note: Callable[[str], None]) -> Any:
+        def both(text: str) -> None:
+            lines(conn.host.name, text)
+            note(text)
+
+        return task(conn, both)
+
+    return run_group(inv, pattern, noted, label, forks, policy, quiet, notes=True)
 
 
-def deploy(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: Optional[str] = InventoryOpt,
-           forks: int = ForksOpt, as_json: bool = JsonOpt,
+def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = ProfileArg,
+           inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
            dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan: files, flags, whether a restart "
                                         "would happen and why. Changes nothing."),
            no_revert: bool = typer.Option(False, "--no-revert", help="On failure keep the failed state (server, "
                                           "release) for debugging instead of restoring the previous deployment."),
            force: bool = typer.Option(False, "--force", help="Replace drifted package files (as push --force)."),
-           stop_grace: float = typer.Option(120.0, "--stop-grace", help="Seconds a stopping server may drain "
-                                            "before SIGKILL."),
-           load_timeout: Optional[float] = typer.Option(None, "--load-timeout", help="Seconds for the model load "
-                                                        f"(until the port opens; default {DEFAULT_TIMEOUTS['port']:.0f})."),
-           health_timeout: Optional[float] = typer.Option(None, "--health-timeout", help="Seconds for each health "
-                                                          "stage after the port opens."),
+           stop_grace: float = rolling.GraceOpt,
+           load_timeout: Optional[float] = typer.Option(None, "--load-timeout", callback=number(**POSITIVE_SECONDS),
+                                                        help="Seconds for the model load (until the port opens; "
+                                                        f"default {DEFAULT_TIMEOUTS['port']:.0f})."),
+           health_timeout: Optional[float] = rolling.HealthTimeoutOpt,
            manager: Optional[str] = typer.Option(None, "--manager", help="systemd | supervisor (default: systemd "
                                                  "where it is PID 1; inventory var sglfleet_server_manager)."),
            runs: str = typer.Option("runs", "--runs-dir", callback=output_dir(),
                                     help="Where results and failure logs are stored."),
            rolling_opt: bool = typer.Option(False, "--rolling", help="One batch at a time behind the routers "
                                             "(sglfleet_router_url): out, drained, deployed, healthy, back in."),
+           min_ready: Optional[float] = typer.Option(
+               None, "--min-ready", callback=number(**SECONDS_OR_MORE),
+               help=f"Seconds the new server must stay healthy after its staged health passed (default "
+               f"{stage.DEFAULT_MIN_READY_S:g}; with --rolling {rolling.DEFAULT_MIN_READY_S:g}, before it goes back "
+               "in routing); a server that dies or turns unhealthy meanwhile is a failed deploy, reverted."),
            batch: str = rolling.BatchOpt, max_unavailable: Optional[str] = rolling.MaxUnavailableOpt,
            max_fail_percentage: float = rolling.MaxFailOpt, drain_timeout: float = rolling.DrainOpt,
-           min_ready: float = rolling.MinReadyOpt, router_timeout: float = rolling.RouterTimeoutOpt,
-           resume: bool = rolling.ContinueOpt,
+           router_timeout: float = rolling.RouterTimeoutOpt, resume: bool = rolling.ContinueOpt,
+           no_router: bool = rolling.NoRouterOpt, allow_full_outage: bool = rolling.FullOutageOpt,
            host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
     """Push, smoke-test, launch and health-check PROFILE's server on each host; safe to rerun."""
     if manager not in (None, "systemd", "supervisor"):
         raise ConfigError(f"--manager must be systemd or supervisor, got '{manager}'")
-    if stop_grace < 0:
-        raise ConfigError(f"--stop-grace must be >= 0 seconds, got {stop_grace}")
+    if not rolling_opt:
+        refuse_without(ctx, rolling.ROLLING_ONLY, "--rolling")
+    elif dry_run:
+        raise ConfigError("--dry-run shows the plan without --rolling; drop --rolling to see it")
     inv, prof = inventory(inventory_path), load_profile(profile)
     artifacts = prof.artifacts()
     options = stage.DeployOptions(command=command_line(), dry_run=dry_run, revert=not no_revert, force=force,
                                   stop_grace=stop_grace, timeouts=health_timeouts(load_timeout, health_timeout),
-                                  manager=manager)
+                                  manager=manager,
+                                  min_ready=stage.DEFAULT_MIN_READY_S if min_ready is None else min_ready)
     if rolling_opt:
-        if dry_run:
-            raise ConfigError("--dry-run shows the plan without --rolling; drop --rolling to see it")
         rolling.run_rollout("deploy", inv, pattern, profile, rolling.rollout_options(
-            "deploy", batch, max_unavailable, max_fail_percentage, drain_timeout, min_ready, stop_grace,
-            router_timeout, resume, load_timeout, health_timeout, runs, deploy_options=options), as_json,
-            host_key_policy_opt)
+            "deploy", batch, max_unavailable, max_fail_percentage, drain_timeout,
+            rolling.DEFAULT_MIN_READY_S if min_ready is None else min_ready, stop_grace, router_timeout, resume,
+            load_timeout, health_timeout, runs, deploy_options=options, no_router=no_router,
+            allow_full_outage=allow_full_outage), as_json, host_key_policy_opt)
     directory = None if dry_run else run_dir(runs, "deploy")
 
     def task(conn, note):
@@ -208,18 +246,17 @@ def status(pattern: str = PatternArg,
 def stop(pattern: str = PatternArg,
          profile: Optional[str] = typer.Argument(None, help="Only this profile's server (default: every managed one)."),
          inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
-         grace: float = typer.Option(120.0, "--grace", help="Seconds the server may drain before SIGKILL."),
+         grace: float = typer.Option(120.0, "--grace", callback=number(**SECONDS_OR_MORE),
+                                     help="Seconds the server may drain before SIGKILL."),
          host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
     """Stop the managed servers: SIGTERM, wait for SGLang's drain, SIGKILL after --grace."""
-    if grace < 0:
-        raise ConfigError(f"--grace must be >= 0 seconds, got {grace}")
     inv, command = inventory(inventory_path), command_line()
     name = load_profile(profile).name if profile and profile.endswith((".yaml", ".yml")) else profile
 
     def task(conn, note):
         note("stopping")
         try:
-            return stage.stop_host(conn, name, grace, command)
+            return dict(stage.stop_host(conn, name, grace, command), host=conn.host.name)
         except RemoteError as exc:
             return TaskOutcome(False, {"error": str(exc), **exc.detail}, str(exc))
 
@@ -230,6 +267,10 @@ def stop(pattern: str = PatternArg,
         raise typer.Exit(results.exit_code)
 
     def row(v: dict[str, Any]) -> list[str]:
+        if v.get("unknown_profile"):
+            runs = ", ".join(f"{p}{'' if alive else ' (stopped)'}" for p, alive in (v.get("here") or {}).items())
+            return [f"no server of profile {v['unknown_profile']} on {v.get('host')} (this host runs: "
+                    f"{runs or 'no sglfleet server'})"]
         cells = []
         for prof_name, s in (v.get("stopped") or {}).items():
             what = f"pid {s.get('pid')} exit {s.get('exit_code')}" + (" (SIGKILL)" if s.get("killed") else "") \

@@ -9,11 +9,11 @@ from typing import Any, Optional
 
 import typer
 
-from ..errors import ConfigError
 from ..fleet.facts import gather
 from ..fleet.group import TaskOutcome
 from . import output
 from .common import ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, inventory, report, run_group
+from .option_checks import POSITIVE_SECONDS, number
 
 
 def register(app: typer.Typer) -> None:
@@ -133,11 +133,10 @@ def _facts_row(v: dict[str, Any]) -> list[str]:
 def run_command(pattern: str = PatternArg,
                 command: str = typer.Argument(..., help="Shell command to run on each host."),
                 inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
-                timeout: Optional[float] = typer.Option(None, help="Kill the command after this many seconds."),
+                timeout: Optional[float] = typer.Option(None, callback=number(**POSITIVE_SECONDS),
+                                                        help="Kill the command after this many seconds."),
                 host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Run one shell command on every selected host and show its complete output."""
-    if timeout is not None and not timeout > 0:
-        raise ConfigError(f"--timeout must be a positive number of seconds, got {timeout:g}")
     inv = inventory(inventory_path)
 
     def task(conn):

@@ -17,6 +17,7 @@ from ..lab.proxy import LatencyProxy
 from ..lab.router import LabRouter
 from . import output
 from .common import JsonOpt
+from .option_checks import number
 
 lab_app = typer.Typer(no_args_is_help=True, help="The local lab: simulated hosts on loopback.")
 
@@ -107,8 +108,10 @@ def lab_fault(action: str = typer.Argument(..., help="stop-sshd | start-sshd | k
 
 @lab_app.command("proxy")
 def lab_proxy(host: str = typer.Argument(..., help="Lab host to put the proxy in front of."),
-              delay_ms: float = typer.Option(50.0, "--delay-ms", help="Added latency each way."),
-              port: int = typer.Option(0, help="Listen port on 127.0.0.1 (0: any free port).")) -> None:
+              delay_ms: float = typer.Option(50.0, "--delay-ms", callback=number(low=0, unit="ms"),
+                                             help="Added latency each way."),
+              port: int = typer.Option(0, callback=number(low=0, high=65535),
+                                       help="Listen port on 127.0.0.1 (0: any free port).")) -> None:
     """Run a latency proxy in front of a lab host until Ctrl-C (known_hosts gets its entry)."""
     lab = _lab()
     target = lab._host(host)

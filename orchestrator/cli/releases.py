@@ -19,6 +19,7 @@ from . import output
 from .option_paths import output_dir
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line, inventory,
                      on_one_host, report, run_group)
+from .option_checks import number
 
 ForceOpt = typer.Option(False, "--force", help="Replace drifted files (neither pristine nor ours); "
                         "the release's backup keeps them.")
@@ -99,7 +100,8 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
 def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: Optional[str] = InventoryOpt,
          forks: int = ForksOpt, as_json: bool = JsonOpt, force: bool = ForceOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Only plan (same as `plan`)."),
-         bwlimit: Optional[float] = typer.Option(None, "--bwlimit", help="Limit each host's transfer to KiB/s."),
+         bwlimit: Optional[float] = typer.Option(None, "--bwlimit", callback=number(above=0, unit="KiB/s"),
+                                                 help="Limit each host's transfer to KiB/s."),
          host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible.
     A host another run is deploying (its lease) is refused, naming that deploy, and left as it is."""
@@ -108,8 +110,6 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
         return
     inv, prof = inventory(inventory_path), load_profile(profile)
     artifacts, builds = prof.artifacts(), kernels.candidate_keys(prof)
-    if bwlimit is not None and bwlimit <= 0:
-        raise ConfigError(f"--bwlimit must be a positive KiB/s figure, got {bwlimit}")
     release_id, command = release.new_release_id(), command_line()
     # Fault-injection pacing between file swaps, used by the kill trials (tests/test_push.py).
     pace_s = float(os.environ.get("SGLFLEET_SWAP_PACE_S", "0") or 0)

@@ -20,6 +20,7 @@ from ..stages import deploy as deploy_stage
 from ..stages import rollout as stage
 from . import output
 from .option_paths import output_dir
+from .option_checks import PERCENTAGE, POSITIVE_SECONDS, SECONDS_OR_MORE, number
 from .common import (InventoryOpt, JsonOpt, PatternArg, PolicyOpt, command_line, health_timeouts, host_key_policy,
                      inventory, stop_on_signals)
 
@@ -28,23 +29,36 @@ def register(app: typer.Typer) -> None:
     app.command()(restart)
 
 
-# The options `deploy --rolling` shares (see rollout_options).
+# The options `deploy --rolling` shares (see rollout_options); every number checked as click parses it.
 BatchOpt = typer.Option("1", "--batch", "--serial", help="Hosts per batch, as Ansible's serial: a count, a "
-                        "percentage, or a list (1,25%: one canary host, then a quarter at a time).")
+                        "percentage (rounded down, at least 1), or a list (1,25%: one canary host, then a quarter "
+                        "at a time).")
 MaxUnavailableOpt = typer.Option(None, "--max-unavailable", help="Never more hosts out of routing than this "
                                  "(count or percentage), counting hosts already down. Default: the batch size.")
-MaxFailOpt = typer.Option(0.0, "--max-fail-percentage", help="Halt when a batch's failed share EXCEEDS this "
-                          "(Ansible's rule; 0: any failure halts).")
-DrainOpt = typer.Option(120.0, "--drain-timeout", help="Seconds to wait for a host's in-flight requests to reach "
-                        "0 once it is out of routing.")
-MinReadyOpt = typer.Option(10.0, "--min-ready", help="Seconds a restarted server must stay healthy before it goes "
-                           "back in routing (Kubernetes' minReadySeconds).")
-GraceOpt = typer.Option(120.0, "--stop-grace", help="Seconds a stopping server may drain before SIGKILL.")
-RouterTimeoutOpt = typer.Option(60.0, "--router-timeout", help="Seconds for a router to show a removal or a "
-                                "healthy worker.")
+MaxFailOpt = typer.Option(0.0, "--max-fail-percentage", callback=number(**PERCENTAGE),
+                          help="Halt when a batch's failed share EXCEEDS this (Ansible's rule; 0: any failure halts).")
+DrainOpt = typer.Option(120.0, "--drain-timeout", callback=number(**SECONDS_OR_MORE),
+                        help="Seconds to wait for a host's in-flight requests to reach 0 once it is out of routing.")
+DEFAULT_MIN_READY_S = 10.0
+MinReadyOpt = typer.Option(DEFAULT_MIN_READY_S, "--min-ready", callback=number(**SECONDS_OR_MORE),
+                           help="Seconds a restarted server must stay healthy before it goes back in routing "
+                           "(Kubernetes' minReadySeconds).")
+GraceOpt = typer.Option(120.0, "--stop-grace", callback=number(**SECONDS_OR_MORE),
+                        help="Seconds a stopping server may drain before SIGKILL.")
+RouterTimeoutOpt = typer.Option(60.0, "--router-timeout", callback=number(**POSITIVE_SECONDS),
+                                help="Seconds for a router to show a removal or a healthy worker.")
 ContinueOpt = typer.Option(False, "--continue", help="Resume a halted rollout: hosts it finished are skipped.")
-LoadTimeoutOpt = typer.Option(None, "--load-timeout", help="Seconds for the model load (until the port opens).")
-HealthTimeoutOpt = typer.Option(None, "--health-timeout", help="Seconds for each health stage after the port opens.")
+NoRouterOpt = typer.Option(False, "--no-router", help="Roll hosts that no router fronts (no sglfleet_router_url): "
+                           "they are restarted in batches without routing; clients will see errors.")
+FullOutageOpt = typer.Option(False, "--allow-full-outage", help="Allow a --batch or --max-unavailable that takes "
+                             "every serving host of a router out at once (clients get no answer meanwhile).")
+LoadTimeoutOpt = typer.Option(None, "--load-timeout", callback=number(**POSITIVE_SECONDS),
+                              help="Seconds for the model load (until the port opens).")
+HealthTimeoutOpt = typer.Option(None, "--health-timeout", callback=number(**POSITIVE_SECONDS),
+                                help="Seconds for each health stage after the port opens.")
+# Options that mean something only for a rolling operation (deploy refuses them without --rolling).
+ROLLING_ONLY = ("batch", "max_unavailable", "max_fail_percentage", "drain_timeout", "router_timeout", "resume",
+                "no_router", "allow_full_outage")
 RunsOpt = typer.Option("runs", "--runs-dir", callback=output_dir(),
                        help="Where results and the resumable state are stored.")
 
@@ -52,18 +66,18 @@ RunsOpt = typer.Option("runs", "--runs-dir", callback=output_dir(),
 def rollout_options(mode: str, batch: str, max_unavailable: Optional[str], max_fail_percentage: float,
                     drain_timeout: float, min_ready: float, stop_grace: float, router_timeout: float,
                     resume: bool, load_timeout: Optional[float], health_timeout: Optional[float],
-                    runs: str, deploy_options: Optional[deploy_stage.DeployOptions] = None) -> stage.RolloutOptions:
-    """The rollout's options from the command line; `deploy --rolling` passes its own DeployOptions
-    (--force, --no-revert, --manager) as `deploy_options`."""
-    if stop_grace < 0:
-        raise ConfigError(f"--stop-grace must be >= 0 seconds, got {stop_grace}")
+                    runs: str, deploy_options: Optional[deploy_stage.DeployOptions] = None,
+                    no_router: bool = False, allow_full_outage: bool = False) -> stage.RolloutOptions:
+    """The rollout's options from the command line (their numbers checked as click parsed them);
+    `deploy --rolling` passes its own DeployOptions (--force, --no-revert, --manager) as `deploy_options`."""
     timeouts = health_timeouts(load_timeout, health_timeout)
     if deploy_options is None:
         deploy_options = deploy_stage.DeployOptions(command=command_line(), stop_grace=stop_grace, timeouts=timeouts)
     return stage.RolloutOptions(mode=mode, serial=stage.parse_serial(batch), max_unavailable=max_unavailable,
                                 max_fail_percentage=max_fail_percentage, drain_timeout=drain_timeout,
                                 min_ready=min_ready, router_timeout=router_timeout, resume=resume,
-                                deploy=deploy_options, state_dir=Path(runs))
+                                deploy=deploy_options, state_dir=Path(runs), no_router=no_router,
+                                allow_full_outage=allow_full_outage)
 
 
 class RolloutProgress:
@@ -234,6 +248,7 @@ def restart(pattern: str = PatternArg,
             batch: str = BatchOpt, max_unavailable: Optional[str] = MaxUnavailableOpt,
             max_fail_percentage: float = MaxFailOpt, drain_timeout: float = DrainOpt, min_ready: float = MinReadyOpt,
             stop_grace: float = GraceOpt, router_timeout: float = RouterTimeoutOpt, resume: bool = ContinueOpt,
+            no_router: bool = NoRouterOpt, allow_full_outage: bool = FullOutageOpt,
             load_timeout: Optional[float] = LoadTimeoutOpt, health_timeout: Optional[float] = HealthTimeoutOpt,
             runs: str = RunsOpt, inventory_path: Optional[str] = InventoryOpt, as_json: bool = JsonOpt,
             host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
@@ -244,6 +259,7 @@ def restart(pattern: str = PatternArg,
                           "everything at once use `sglfleet stop` then `sglfleet deploy`")
     inv = inventory(inventory_path)
     options = rollout_options("restart", batch, max_unavailable, max_fail_percentage, drain_timeout, min_ready,
-                              stop_grace, router_timeout, resume, load_timeout, health_timeout, runs)
+                              stop_grace, router_timeout, resume, load_timeout, health_timeout, runs,
+                              no_router=no_router, allow_full_outage=allow_full_outage)
     name = profile or deployed_profile(inv, pattern, host_key_policy_opt)
     run_rollout("restart", inv, pattern, name, options, as_json, host_key_policy_opt)

@@ -49,6 +49,7 @@ from ..errors import ConfigError
 from ..spec.yamlsrc import SourceMap, load_yaml, read_text, without_location
 from . import inventory_sources, patterns, ssh_resolve
 from .hostkeys import KnownHosts
+from .router import check_http_url
 from .hostnames import BadRange, NotAnAddress, expand_ranges, parse_address, split_host_key
 from .ini_inventory import decode as decode_ini, parse_ini
 
@@ -140,6 +141,13 @@ def _as_str_list(value: Any) -> str | list[str]:
     return value
 
 
+def _as_router_urls(value: Any) -> str | list[str]:
+    """sglfleet_router_url: http://HOST:PORT, or a list of them."""
+    for url in _as_str_list(value) if isinstance(value, list) else [_as_str_list(value)]:
+        check_http_url(url)
+    return value
+
+
 def _as_profile_overrides(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items()):
         raise ValueError("must map profile names to overrides, e.g. {qwen36-ddtree: {server: {port: 30001}}}")
@@ -207,8 +215,8 @@ SETTING_VARS: dict[str, Callable[[Any], Any]] = {
     "sglfleet_server_command_label": _as_str,     # how render and the launch script name it
     "sglfleet_server_manager": _as_manager,       # systemd or the detached supervisor
     "sglfleet_profile_overrides": _as_profile_overrides,
-    "sglfleet_router_url": _as_str_list,          # the router(s) fronting the host
-    "sglfleet_router_worker_url": _as_str,        # the URL those routers know its server by
+    "sglfleet_router_url": _as_router_urls,       # the router(s) fronting the host: http://HOST:PORT
+    "sglfleet_router_worker_url": check_http_url,  # the URL those routers know its server by
     "sglfleet_lab_gpu": _as_str,                  # the GPU a lab host declares (smoke simulates it)
 }
 CONVERTERS = {name: convert for names, convert in CONNECTION_VARS.values() for name in names}

@@ -48,6 +48,30 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def check_http_url(value: Any) -> str:
+    """`http://HOST:PORT` exactly (an optional trailing slash): the form a router or worker URL takes
+    in the inventory. ValueError saying what is wrong otherwise."""
+    text = str(value).strip() if isinstance(value, str) else None
+    if not text:
+        raise ValueError("must be a URL like http://HOST:PORT")
+    if "://" not in text:
+        raise ValueError("must be a URL like http://HOST:PORT (the http:// is missing)")
+    parts = urlsplit(text)
+    if parts.scheme != "http":
+        raise ValueError(f"must be a URL like http://HOST:PORT (not {parts.scheme}://)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("must be a URL like http://HOST:PORT; its port is not a number from 1 to 65535") from None
+    if not parts.hostname or port is None:
+        raise ValueError("must be a URL like http://HOST:PORT, with the host and the port")
+    if not 1 <= port <= 65535:
+        raise ValueError("must be a URL like http://HOST:PORT; its port is not a number from 1 to 65535")
+    if parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError("must be a URL like http://HOST:PORT, with nothing after the port")
+    return text
+
+
 def _split(url: str, what: str) -> tuple[str, int, str]:
     parts = urlsplit(normalize_url(url))
     if parts.scheme != "http" or not parts.hostname:

@@ -20,7 +20,8 @@
 Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE_LOG_S
 (default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after
 validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
-SGLFLEET_SIM_HEALTH_FAIL=1, SGLFLEET_SIM_SLOW_MS (per request).
+SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
+text and no tokens), SGLFLEET_SIM_SLOW_MS (per request).
 """
 
 import json
@@ -360,6 +361,8 @@ class SimServer:
         text = self._complete(prompt, n)
         if text is None:
             return 503, {"error": "server is not ready"}
+        if os.environ.get("SGLFLEET_SIM_EMPTY_GENERATE") == "1":  # fault: 200 with nothing generated
+            return 200, {"text": "", "meta_info": self._meta(prompt, 0)}
         return 200, {"text": text, "meta_info": self._meta(prompt, n)}
 
     def chat(self, payload):

@@ -11,7 +11,9 @@ Commands (each ONE exec round trip through the call convention, fleet/remote_cal
              stop the running server (SIGTERM, drain, SIGKILL after the grace); write the env
              file, launch script and unit; start it (systemd, or the detached supervisor).
     health   one health stage, polled here on the host until it passes, times out, or the
-             process exits (then: its exit code and its whole log since it started).
+             process exits (then: its exit code and its whole log since it started); a definite
+             wrong answer (/generate 200 without text) fails at once; `min_ready`: alive and
+             /health 200 for the whole window.
     finish   (lease) write the deployment record; drop the lease.
     revert   (lease) stop the failed server; restore previous/ and start it (or leave it stopped).
     status   per managed profile: record, process, uptime, a quick /health and accept length.
@@ -234,9 +236,31 @@ def _in_unit(pid, unit):
 
 
 def describe_holder(h):
+    if h.get("profile"):
+        return "profile %s's server (pid %s, deployed by sglfleet on %s) is listening on %s" % (
+            h["profile"], h["pid"], time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(h.get("deployed") or 0)),
+            h["address"])
     who = "pid %s (%s)" % (h["pid"], " ".join(h["cmdline"] or ["?"])) if h["pid"] else \
         "a process this host cannot see (another pid namespace or container)"
     return "%s is listening on %s" % (who, h["address"])
+
+
+def name_profiles(args, holders):
+    """Marks the holders that are another sglfleet profile's server here (its process, or one in
+    its session or unit): `profile` and `deployed` (when its record was written)."""
+    others = {}
+    for profile in profiles_here(args) if holders else []:
+        if profile != args.get("profile"):
+            running = running_state(paths_for(args, profile))
+            if running.get("alive") and running.get("pid"):
+                others[profile] = running
+    for h in holders:
+        for profile, running in others.items():
+            if h["pid"] and (h["pid"] == running["pid"] or h.get("session") == running["pid"] or
+                             (running.get("mode") == "systemd" and _in_unit(h["pid"], running.get("unit")))):
+                record = running.get("record") or {}
+                h.update(profile=profile, deployed=record.get("recorded") or record.get("started"))
+    return holders
 
 
 # ---------------------------------------------------------------- what runs
@@ -284,10 +308,29 @@ def take_lease(args):
                               % (hostlib.describe_holder(held.get("holder")), held.get("id"), age,
                                  held.get("ttl", 0) - age), hostlib.EXIT_LOCKED, holder=held.get("holder"),
                               lease=held)
-            log("taking over the lease of deploy %s (%s)" % (held.get("id"), "expired" if age > held.get("ttl", 0)
-                                                           else "its controller process is gone"))
+            why = "its lease expired %.0fs ago" % (age - held.get("ttl", 0)) if age > held.get("ttl", 0) else \
+                "its controller process is gone"
+            log("taking over the lease of deploy %s (%s)" % (held.get("id"), why))
+            took_over = {"id": held.get("id"), "why": why, "holder": held.get("holder"), "step": held.get("step")}
+        else:
+            took_over = None
+        # `profile` and `step` let `status` name a deploy that was interrupted (its lease left behind)
         hostlib.write_json_atomic(path, {"id": lease["id"], "holder": lease["holder"], "since": time.time(),
-                                         "ttl": lease.get("ttl", 1800)})
+                                         "ttl": lease.get("ttl", 1800), "profile": args.get("profile"),
+                                         "step": "plan"})
+    return took_over
+
+
+def lease_step(args, step, **extra):
+    """(Under the host lock, lease checked) the deploy reached `step`: recorded in its lease, whose
+    time-to-live starts again with what this step and the ones after it may take (`lease_ttl`)."""
+    path = lease_path(args)
+    held = read_json(path) or {}
+    if held.get("id") == args["deploy_id"]:
+        held.update(extra, step=step, step_since=time.time())
+        if args.get("lease_ttl"):
+            held.update(since=time.time(), ttl=float(args["lease_ttl"]))
+        hostlib.write_json_atomic(path, held)
 
 
 def check_lease(args):
@@ -352,11 +395,11 @@ def cmd_plan(args, stream):
         # Every address: the controller knows the bind address only once it has rendered.
         holders = port_holders(args.get("bind"), int(args["port"]))
         out["port_holders"] = holders
-        out["foreign"] = foreign_holders(holders, running)
+        out["foreign"] = name_profiles(args, foreign_holders(holders, running))
     out["lease_holder"] = read_json(lease_path(args))
     out["previous"] = read_json(os.path.join(paths["previous"], "deployment.json"))
     if args.get("lease"):
-        take_lease(args)
+        out["lease_took_over"] = take_lease(args)
         out["lease"] = args["lease"]["id"]
     return out
 
@@ -554,14 +597,18 @@ def cmd_launch(args, stream=None):
         if args.get("port"):
             foreign = foreign_holders(port_holders(args.get("bind") or "0.0.0.0", int(args["port"])), running)
             if foreign:
-                raise Failure("port %s is taken: %s; sglfleet did not start it and will not stop it "
-                              "(nothing was changed)" % (args["port"], "; ".join(describe_holder(h) for h in foreign)),
-                              port_taken=foreign)
+                name_profiles(args, foreign)
+                raise Failure("port %s is taken: %s; %s (nothing was changed)" % (
+                    args["port"], "; ".join(describe_holder(h) for h in foreign),
+                    "stop that profile or give this profile another port" if any(h.get("profile") for h in foreign)
+                    else "sglfleet did not start it and will not stop it"), port_taken=foreign)
         os.makedirs(paths["dir"], exist_ok=True)
+        lease_step(args, "launch", release=args.get("release"))
         stopped = stop_server(paths, float(args.get("stop_grace", 120)), running.get("mode"))
         kept = keep_previous(paths)
         write_generation(paths, args["files"])
         launched = start(args, paths, args["deploy_id"])
+        lease_step(args, "health", pid=launched.get("pid"))
     launched.update(stopped=stopped, kept_previous=kept)
     return launched
 
@@ -570,6 +617,7 @@ def cmd_revert(args, stream=None):
     """Stop the failed server; put previous/ back and start it (or leave the host stopped)."""
     paths = paths_for(args)
     with LeasedLock(args):
+        lease_step(args, "revert")
         stopped = stop_server(paths, float(args.get("stop_grace", 120)), args.get("mode"))
         prev = paths["previous"]
         record = read_json(os.path.join(prev, "deployment.json"))
@@ -604,6 +652,10 @@ def http(method, host, port, path, body=None, timeout=10.0):
         connection.close()
 
 
+class Answered(Exception):
+    """A health stage got a definite wrong answer: it fails now, without polling to its timeout."""
+
+
 def probe_stage(stage, host, port, prompt):
     """One attempt at one stage: (passed, detail)."""
     if stage == "port":
@@ -617,11 +669,17 @@ def probe_stage(stage, host, port, prompt):
                                                                {"max_new_tokens": 8, "temperature": 0}}, timeout=60)
         if status != 200:
             return False, "HTTP %d: %s" % (status, text[:200])
-        answer = json.loads(text)
-        meta = answer.get("meta_info") or {}
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            answer = None
+        meta = (answer.get("meta_info") if isinstance(answer, dict) else None) or {}
         tokens = meta.get("completion_tokens") or 0
-        return bool(answer.get("text")) and tokens > 0, {"text": answer.get("text"), "completion_tokens": tokens,
-                                                          "spec_accept_length": meta.get("spec_accept_length")}
+        if not isinstance(answer, dict) or not answer.get("text") or not tokens:
+            # HTTP 200 is the server's answer, not "still starting": one without text or tokens fails now
+            raise Answered("HTTP 200 without generated text or tokens: %s" % text[:200])
+        return True, {"text": answer.get("text"), "completion_tokens": tokens,
+                      "spec_accept_length": meta.get("spec_accept_length")}
     if stage == "server_info":
         for route in ("/server_info", "/get_server_info"):
             status, text = http("GET", host, port, route)
@@ -636,28 +694,39 @@ def probe_stage(stage, host, port, prompt):
     raise Failure("unknown health stage %r" % stage)
 
 
+def exited(stage, started, paths, args):
+    """The answer of a stage whose server process is gone: its exit code and whole log."""
+    time.sleep(0.2)  # let the supervisor record the exit code and flush the log
+    running = running_state(paths, args.get("mode"))
+    return {"ok": False, "stage": stage, "exited": True, "exit_code": running.get("exit_code"),
+            "seconds": round(time.monotonic() - started, 3), "log": log_since(paths, running),
+            "pid": running.get("pid")}
+
+
 def cmd_health(args, stream=None):
-    """Poll one stage until it passes, `timeout` passes, or the server process exits."""
+    """Poll one stage until it passes, `timeout` passes, or the server process exits; `min_ready`:
+    the server stays alive and healthy for `timeout` seconds straight."""
     paths = paths_for(args)
     stage, timeout = args["stage"], float(args["timeout"])
     host = args.get("bind") or "127.0.0.1"
     host = "127.0.0.1" if host in WILDCARDS else host
     port = int(args.get("port") or 0)
+    if stage == "min_ready":
+        return stay_healthy(args, paths, host, port, timeout)
     started = time.monotonic()
     last = None
     while True:
         running = running_state(paths, args.get("mode"))
         if not running.get("alive"):
-            time.sleep(0.2)  # let the supervisor record the exit code and flush the log
-            running = running_state(paths, args.get("mode"))
-            return {"ok": False, "stage": stage, "exited": True, "exit_code": running.get("exit_code"),
-                    "seconds": round(time.monotonic() - started, 3), "log": log_since(paths, running),
-                    "pid": running.get("pid")}
+            return exited(stage, started, paths, args)
         if stage == "alive":
             return {"ok": True, "stage": stage, "seconds": round(time.monotonic() - started, 3),
                     "detail": {"pid": running.get("pid")}}
         try:
             passed, detail = probe_stage(stage, host, port, args.get("prompt") or "The capital of France is")
+        except Answered as exc:
+            return {"ok": False, "stage": stage, "message": str(exc), "seconds": round(time.monotonic() - started, 3),
+                    "log": log_since(paths, running), "pid": running.get("pid")}
         except (OSError, ValueError) as exc:
             passed, detail = False, "%s: %s" % (type(exc).__name__, exc)
         if passed:
@@ -665,8 +734,32 @@ def cmd_health(args, stream=None):
         last = detail
         if time.monotonic() - started >= timeout:
             return {"ok": False, "stage": stage, "timed_out": True, "seconds": round(time.monotonic() - started, 3),
-                    "last": last, "log": log_since(paths, running), "pid": running.get("pid")}
+                    "last": last, "log": log_since(paths, running) if args.get("final", True) else None,
+                    "pid": running.get("pid")}
         time.sleep(float(args.get("interval", 0.25)))
+
+
+def stay_healthy(args, paths, host, port, seconds):
+    """Alive and /health 200 for `seconds` straight, checked every `interval` and at the end."""
+    started = time.monotonic()
+    interval = float(args.get("interval", 0.25))
+    while True:
+        running = running_state(paths, args.get("mode"))
+        if not running.get("alive"):
+            return exited("min_ready", started, paths, args)
+        try:
+            passed, detail = probe_stage("health", host, port, None)
+        except (OSError, ValueError) as exc:
+            passed, detail = False, "%s: %s" % (type(exc).__name__, exc)
+        elapsed = time.monotonic() - started
+        if not passed:
+            return {"ok": False, "stage": "min_ready", "seconds": round(elapsed, 3), "last": detail,
+                    "message": "not healthy %.1fs after its staged health passed (/health: %s; it had to stay "
+                               "healthy for %gs)" % (elapsed, detail, seconds),
+                    "log": log_since(paths, running), "pid": running.get("pid")}
+        if elapsed >= seconds:
+            return {"ok": True, "stage": "min_ready", "seconds": round(elapsed, 3)}
+        time.sleep(min(interval, seconds - elapsed))
 
 
 # ---------------------------------------------------------------- records
@@ -745,7 +838,12 @@ def cmd_status(args, stream=None):
 
 
 def cmd_stop(args, stream=None):
-    wanted = [args["profile"]] if args.get("profile") else profiles_here(args)
+    here = profiles_here(args)
+    if args.get("profile") and args["profile"] not in here:
+        # Neither deployed here nor running: say so, and what this host does run (nothing to stop).
+        return {"stopped": {}, "unknown_profile": args["profile"],
+                "here": {p: bool(running_state(paths_for(args, p)).get("alive")) for p in here}}
+    wanted = [args["profile"]] if args.get("profile") else here
     out = {}
     with hostlib.Lock(state_dir(args), args["holder"]):
         held = hostlib.deploy_lease_conflict(state_dir(args))

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from ..errors import RemoteError, SglfleetError
 from ..fleet import remote_call
 from ..fleet.group import stopping
-from ..remote.hostlib import server_paths
+from ..remote.hostlib import describe_holder, server_paths
 from ..spec.profile import Artifacts, Profile
 from . import health as health_stage
 from . import kernels, release, runs
@@ -47,6 +47,14 @@ from .smoke import diagnose, run_probe, simulate_for
 SERVER = "server.py"
 COMPANIONS = ("server_facts.py", "release.py")
 DEFAULT_STOP_GRACE_S = 120.0  # SGLang's drain has no timeout of its own: this bounds it
+# A new server must stay healthy this long after its staged health passed (Kubernetes'
+# minReadySeconds): a server that dies or turns unhealthy right after its first healthy answers
+# (a scheduler fault on the first real batch, a leak) is a failed deploy, reverted.
+DEFAULT_MIN_READY_S = 3.0
+# The lease's time-to-live is built from these and the deploy's own timeouts (HostDeploy.lease_ttl).
+PUSH_AND_SMOKE_S = 1200.0   # the apply and the smoke probe, 600 s each at most
+LAUNCH_CALL_S = 300.0       # a launch or revert call beyond the stop grace
+LEASE_MARGIN_S = 120.0
 
 
 @dataclass
@@ -59,6 +67,8 @@ class DeployOptions:
     timeouts: dict[str, float] = field(default_factory=dict)
     runs_dir: Path | None = None
     manager: str | None = None  # systemd | supervisor; None: the host decides (systemd if PID 1)
+    min_ready: float = DEFAULT_MIN_READY_S  # seconds of staying healthy after the staged health (0: none)
+    lease_wait_s: float = 0.0  # how long the host may wait, prepared, before its launch (a rollout's batches)
     # One release id for every host of a run (as `push` gives), when the run pushes anything.
     release_id: str = field(default_factory=release.new_release_id)
 
@@ -128,9 +138,21 @@ def clashes(address: str, bind: str) -> bool:
 
 
 def describe_port_holder(h: dict[str, Any]) -> str:
+    if h.get("profile"):  # another profile's server that sglfleet deployed here (remote/server.py name_profiles)
+        return f"profile {h['profile']}'s server (pid {h['pid']}, deployed by sglfleet on {since(h.get('deployed'))})" \
+            f" is listening on {h.get('address')}"
     who = f"pid {h['pid']} ({' '.join(h.get('cmdline') or ['?'])})" if h.get("pid") else \
         "a process this host cannot see (another pid namespace or container)"
     return f"{who} is listening on {h.get('address')}"
+
+
+def port_taken(host: str, port: int, holders: list[dict[str, Any]]) -> str:
+    """The refusal of a port someone else listens on; another sglfleet profile is named as such."""
+    ours = sorted({h["profile"] for h in holders if h.get("profile")})
+    then = (f"stop it (`sglfleet stop {host} {ours[0]}`) or give this profile another port" if ours else
+            "sglfleet did not start it and will not stop it")
+    return (f"{host}: port {port} is taken: " + "; ".join(describe_port_holder(h) for h in holders)
+            + f"; {then} (nothing was changed)")
 
 
 def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: dict[str, Any],
@@ -246,7 +268,12 @@ class HostDeploy:
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         try:
-            return self._run()
+            doc = self._run()
+            taken = self.doc.get("lease_taken_over")
+            if taken:  # said in the result, not only in the progress line
+                doc["summary"] = (f"{doc.get('summary') or ''}; took over the lease of deploy {taken.get('id')} "
+                                  f"(interrupted at {taken.get('step') or '?'}: {taken.get('why')})")
+            return doc
         finally:
             if self.leased:  # an early end (an exception): give the host back
                 try:
@@ -273,6 +300,8 @@ class HostDeploy:
             lease["take_over"] = held.get("id")
             planned = plan_call(self.conn, self.profile, self.artifacts, extra)
         self.leased = lease is not None
+        if planned.get("lease_took_over"):
+            self.doc["lease_taken_over"] = planned["lease_took_over"]
         return planned
 
     def extension_for_host(self, inspected: dict[str, Any]) -> Artifacts:
@@ -283,9 +312,18 @@ class HostDeploy:
             self.doc["extension"] = {"dir": str(chosen.extension.directory), "fingerprint": chosen.extension.fingerprint}
         return chosen
 
-    def lease_ttl(self) -> float:
+    def lease_ttl(self, step: str = "plan") -> float:
+        """How long the lease holds the host before the deploy's next leased step renews it (plan,
+        launch, revert each do): the longest the steps until then may take with this deploy's own
+        timeouts, plus a margin; a controller that dies leaves the host to others that much later
+        at most (one on this machine takes it over at once: the dead pid is seen)."""
         timeouts = {**health_stage.DEFAULT_TIMEOUTS, **self.options.timeouts}
-        return 2 * sum(timeouts.values()) + 2 * self.options.stop_grace + 1200
+        started = self.options.stop_grace + LAUNCH_CALL_S + sum(timeouts.values())  # a launch or revert + health
+        if step == "revert":
+            return started + LEASE_MARGIN_S
+        if step == "launch":
+            return started + self.options.min_ready + LEASE_MARGIN_S
+        return PUSH_AND_SMOKE_S + self.options.lease_wait_s + LEASE_MARGIN_S  # plan: until the launch renews it
 
     def _run(self) -> dict[str, Any]:
         self.note("plan")
@@ -324,19 +362,11 @@ class HostDeploy:
                         argv_hash=desired["argv_hash"], env_hash=desired["env_hash"])
         foreign = [h for h in planned.get("foreign") or [] if clashes(h["address"], rendered.bind)]
         if self.options.dry_run:
-            self.doc.update(ok=not host_plan.refusals and not foreign, action="dry-run", files=files,
-                            refusals=host_plan.refusals, foreign=foreign,
-                            summary=("would restart: " + "; ".join(reasons)) if reasons else
-                            f"unchanged: running release {desired['release'] or 'pristine'} since "
-                            f"{since((running.get('record') or {}).get('started'))}")
-            return self.doc
+            return self._dry_run(planned, host_plan.refusals, foreign, reasons, files, desired)
         if host_plan.refusals:
             return self.fail("plan", f"{self.host.name}: refused: " + "; ".join(host_plan.refusals), refused=True)
         if foreign:
-            return self.fail("plan", f"{self.host.name}: port {rendered.port} is taken: "
-                             + "; ".join(describe_port_holder(h) for h in foreign)
-                             + "; sglfleet did not start it and will not stop it (nothing was changed)",
-                             refused=True, foreign=foreign)
+            return self.fail("plan", port_taken(self.host.name, rendered.port, foreign), refused=True, foreign=foreign)
         if not reasons:
             self.finish(None)
             record = running["record"]
@@ -346,6 +376,30 @@ class HostDeploy:
                                     f"{since(record.get('started'))}")
             return self.doc
         return self._change(planned, host_plan, files, desired, mode)
+
+    def _dry_run(self, planned: dict[str, Any], drift: list[str], foreign: list[dict[str, Any]], reasons: list[str],
+                 files: dict[str, str], desired: dict[str, Any]) -> dict[str, Any]:
+        """What the real run would do, and every refusal it would hit (drifted files, the port, a
+        lease that binds): `would deploy` / `would restart: WHY` / `unchanged` / `would be refused`."""
+        running = planned["running"]
+        refusals = list(drift)
+        if foreign:
+            refusals.append(port_taken(self.host.name, self.rendered.port if self.rendered else 0, foreign))
+        held = planned.get("lease_holder")
+        if held and lease_binds(held, planned.get("time")):
+            refusals.append(f"host is being deployed by another sglfleet run: {describe_holder(held.get('holder'))} "
+                            f"(deploy {held.get('id')}, lease until {since(held.get('since', 0) + held.get('ttl', 0))})")
+        if refusals:
+            summary = "would be refused: " + "; ".join(refusals)
+        elif not running.get("record"):
+            summary = "would deploy: " + "; ".join(reasons)
+        elif reasons:
+            summary = "would restart: " + "; ".join(reasons)
+        else:
+            summary = (f"unchanged: running release {desired['release'] or 'pristine'} since "
+                       f"{since((running.get('record') or {}).get('started'))}")
+        self.doc.update(ok=True, action="dry-run", files=files, refusals=refusals, foreign=foreign, summary=summary)
+        return self.doc
 
     def _change(self, planned: dict[str, Any], host_plan: release.HostPlan, files: dict[str, str],
                 desired: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -385,9 +439,10 @@ class HostDeploy:
                              f"interrupted{undo}", stopped=True)
         self.note("launch")
         try:
-            launched = self.server("launch", timeout=self.options.stop_grace + 300, files=files, mode=mode,
+            launched = self.server("launch", timeout=self.options.stop_grace + LAUNCH_CALL_S, files=files, mode=mode,
                                    bind=rendered.bind, port=rendered.port, stop_grace=self.options.stop_grace,
-                                   programs=program_texts())
+                                   programs=program_texts(), lease_ttl=self.lease_ttl("launch"),
+                                   release=desired["release"])
         except RemoteError as exc:
             if exc.detail.get("port_taken") or exc.exit_status == 3:  # refused before anything was stopped
                 undo = self._undo_release(applied, previous_release)
@@ -398,6 +453,12 @@ class HostDeploy:
         self.doc["stopped"] = launched.get("stopped")
         self.doc["launched"] = {k: launched.get(k) for k in ("pid", "started", "mode", "start_id")}
         result = self._health(mode, rendered, expected)
+        if result.ok and self.options.min_ready > 0:
+            self.note(f"health: stay healthy {self.options.min_ready:g}s")
+            with self.conn.polling():
+                health_stage.stays_healthy(self.conn, self.server_args(mode=mode, bind=rendered.bind,
+                                                                       port=rendered.port),
+                                           self.options.min_ready, result, self.note)
         record = {"profile": self.profile.name, "deploy_id": self.deploy_id, "release": desired["release"],
                   "argv": rendered.command, "argv_hash": desired["argv_hash"], "env_hash": desired["env_hash"],
                   "files_hash": desired["files_hash"], "pid": launched.get("pid"), "started": launched.get("started"),
@@ -447,15 +508,18 @@ class HostDeploy:
         self.doc["rolled_back"] = {"release": applied["release"], "to": previous}
         return f"; release {applied['release']} rolled back to {previous or 'pristine'}"
 
-    def _health(self, mode: str, rendered: Rendered, expected: dict[str, Any]) -> health_stage.HealthResult:
+    def _health(self, mode: str, rendered: Rendered, expected: dict[str, Any],
+                interruptible: bool = True) -> health_stage.HealthResult:
         base = self.server_args(mode=mode, bind=rendered.bind, port=rendered.port)
         self.note("health")
         with self.conn.polling():
-            return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note)
+            return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note, interruptible)
 
     def _failed_after_launch(self, result: health_stage.HealthResult, applied: dict[str, Any] | None,
                              previous_release: str | None, mode: str) -> dict[str, Any]:
         failed = result.failed or {}
+        if failed.get("interrupted"):
+            self.doc["interrupted"] = True  # Ctrl-C while the new server was waited for: reverted (exit 130)
         log = failed.get("log") or ""
         self.doc.update(health=result.timings, failed_stage=failed.get("stage"), exit_code=failed.get("exit_code"),
                         server_info=result.server_info,
@@ -468,8 +532,9 @@ class HostDeploy:
         self.note("revert")
         undo = self._undo_release(applied, previous_release)
         try:
-            reverted = self.server("revert", timeout=self.options.stop_grace + 300, mode=mode,
-                                   stop_grace=self.options.stop_grace, programs=program_texts())
+            reverted = self.server("revert", timeout=self.options.stop_grace + LAUNCH_CALL_S, mode=mode,
+                                   stop_grace=self.options.stop_grace, programs=program_texts(),
+                                   lease_ttl=self.lease_ttl("revert"))
         except RemoteError as exc:
             return self.fail("revert", f"{summary}{undo}; reverting the server FAILED: {exc}")
         previous = reverted.get("restored")
@@ -477,7 +542,8 @@ class HostDeploy:
         if not previous:
             self.finish(None)
             return self.fail("health", f"{summary}{undo}; nothing ran before, the host is left stopped")
-        back = self._health(previous.get("mode") or "supervisor", _Bind(previous), previous.get("expected") or {})
+        back = self._health(previous.get("mode") or "supervisor", _Bind(previous), previous.get("expected") or {},
+                            interruptible=False)  # a revert under way finishes, Ctrl-C or not
         record = dict(previous, pid=reverted.get("pid"), started=reverted.get("started"),
                       start_id=reverted.get("start_id"), health=back.timings, reverted_from=self.deploy_id)
         self.doc["reverted"].update(pid=reverted.get("pid"), healthy=back.ok, health=back.timings,
@@ -520,6 +586,14 @@ def _controller_gone(holder: dict[str, Any]) -> bool:
     return False
 
 
+def lease_binds(held: dict[str, Any], now: float | None) -> bool:
+    """Whether a deploy lease found on a host would refuse this run: not expired (by the host's
+    clock) and not left by a controller of this machine that is gone."""
+    if now is not None and now - float(held.get("since") or 0) > float(held.get("ttl") or 0):
+        return False
+    return not _controller_gone(held.get("holder") or {})
+
+
 def _running_summary(running: dict[str, Any]) -> dict[str, Any]:
     record = running.get("record") or {}
     return {"alive": running.get("alive"), "pid": running.get("pid"), "release": record.get("release"),
@@ -558,13 +632,22 @@ def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict
                        "pending_files": len(release.make_plan(conn.host.name, planned["inspect"], artifacts).changes)}
         except SglfleetError as exc:
             desired = {"error": str(exc)}
-    for name, entry in answer["profiles"].items():
+    lease = answer.get("lease")
+    left = lease if lease and not lease_binds(lease, answer.get("time")) else None  # a deploy that never ended
+    entries = dict(answer["profiles"])
+    if left and left.get("profile") and left["profile"] not in entries and \
+            (profile is None or profile.name == left["profile"]):
+        entries[left["profile"]] = {"running": {}, "record": None}  # interrupted before it launched anything
+    for name, entry in entries.items():
         running, record = entry["running"], entry.get("record") or {}
         drift = []
+        interrupted = left if left and left.get("profile") == name else None
+        if interrupted:
+            drift.append(interrupted_deploy(interrupted, running, record))
         if desired and "error" in desired:
             drift.append(f"cannot render the profile: {desired['error']}")
         if desired and "error" not in desired:
-            if not record:
+            if not record and not interrupted:
                 drift.append("not deployed")
             else:
                 if record.get("release") != desired["release"]:
@@ -583,10 +666,25 @@ def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict
                      "argv_hash": record.get("argv_hash"), "uptime_s": entry.get("uptime_s"),
                      "health": entry.get("health"), "accept_length": entry.get("accept_length"),
                      "stopped": record.get("stopped"), "drift": drift, "desired": desired,
-                     "log_tail": entry.get("log_tail")})
+                     "log_tail": entry.get("log_tail"), "interrupted": interrupted,
+                     "deploying": lease if lease and not left and lease.get("profile") == name else None})
     if profile is not None and not rows:
         rows.append({"profile": profile.name, "alive": False, "drift": ["not deployed"], "desired": desired})
     return {"profiles": rows, "lease": answer.get("lease")}
+
+
+def interrupted_deploy(lease: dict[str, Any], running: dict[str, Any], record: dict[str, Any]) -> str:
+    """What `status` says of a deploy whose lease was left behind (its controller died or it expired)."""
+    if running.get("alive"):
+        serving = (f"pid {running.get('pid')}, release {record.get('release') or 'pristine'} (recorded)" if record
+                   else f"pid {running.get('pid')}, started by that deploy and never recorded")
+    else:
+        serving = "none (nothing runs)"
+    what = f" of release {lease['release'] or 'pristine'}" if "release" in lease else ""
+    return (f"deploy {lease.get('id')}{what} interrupted at "
+            f"{lease.get('step') or '?'} by {describe_holder(lease.get('holder'))} at "
+            f"{since(lease.get('step_since') or lease.get('since'))}; the server running is {serving}; rerun "
+            "`sglfleet deploy` to finish or revert")
 
 
 def stop_host(conn: Any, profile: str | None, grace: float, command: str) -> dict[str, Any]:

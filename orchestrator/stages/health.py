@@ -2,6 +2,11 @@
 
     alive -> port -> /health -> /health_generate -> /generate (a fixed prompt returns tokens)
     -> /server_info (the running config is the deployed config: algorithm, draft tokens, budget)
+    then (stays_healthy) min_ready: alive and /health 200 for the whole window
+
+A /generate that answers HTTP 200 without text or tokens fails at once (a definite answer, not
+a server still starting); /health 503 is "not yet" until the stage's timeout, as SGLang answers
+503 during its warm-up.
 
 Each stage is one `remote/server.py health` call that polls ON the host (the server may bind
 an address only the host reaches) until the stage passes, its timeout passes, or the process
@@ -16,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..fleet.group import stopping
 from ..fleet.remote_call import call
 
 STAGES = ("alive", "port", "health", "health_generate", "generate", "server_info")
@@ -45,6 +51,8 @@ class HealthResult:
         if self.ok:
             return "healthy in %.1fs" % sum(self.timings.values())
         f = self.failed or {}
+        if f.get("interrupted"):
+            return f"health stage {f.get('stage')} {f.get('message')}"
         if f.get("exited"):
             return f"server exited with code {f.get('exit_code')} during {f.get('stage')}"
         if f.get("timed_out"):
@@ -64,11 +72,13 @@ def config_mismatches(info: dict[str, Any], expected: dict[str, Any]) -> list[st
 
 
 def check(conn: Any, base_args: dict[str, Any], timeouts: dict[str, float], expected: dict[str, Any],
-          note: Callable[[str], None] = lambda text: None) -> HealthResult:
+          note: Callable[[str], None] = lambda text: None, interruptible: bool = True) -> HealthResult:
+    """The staged health; `interruptible`: a Ctrl-C ends the wait (not for a revert's own health)."""
     result = HealthResult(ok=False)
     for stage in STAGES:
         timeout = float(timeouts.get(stage, DEFAULT_TIMEOUTS[stage]))
-        answer = _timed(conn, dict(base_args, stage=stage, timeout=timeout, prompt=PROMPT), timeout, note)
+        answer = _timed(conn, dict(base_args, stage=stage, timeout=timeout, prompt=PROMPT), timeout, note,
+                        interruptible)
         if not answer.get("ok"):
             result.failed = answer
             return result
@@ -86,8 +96,28 @@ def check(conn: Any, base_args: dict[str, Any], timeouts: dict[str, float], expe
     return result
 
 
-def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str], None]) -> dict[str, Any]:
-    """One stage's call, with its elapsed time shown live."""
+def stays_healthy(conn: Any, base_args: dict[str, Any], seconds: float, result: HealthResult,
+                  note: Callable[[str], None] = lambda text: None) -> HealthResult:
+    """After the staged health passed: the server must stay alive and answer /health 200 for
+    `seconds` straight (one call polling on the host, its last check at the window's end). A
+    failure turns `result` into a failed one at stage `min_ready` (with the exit code and log)."""
+    answer = _timed(conn, dict(base_args, stage="min_ready", timeout=seconds), seconds, note)
+    if answer.get("ok"):
+        result.stages.append({"stage": "min_ready", "seconds": answer["seconds"]})
+    else:
+        result.ok, result.failed = False, answer
+    return result
+
+
+# One health call polls on the host for at most this long; between calls the controller sees a
+# Ctrl-C, so an interrupted deploy stops waiting within seconds, not after the stage's timeout.
+SLICE_S = 5.0
+
+
+def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str], None],
+           interruptible: bool = True) -> dict[str, Any]:
+    """One stage, in calls of at most SLICE_S, with its elapsed time shown live. Between calls a
+    stopping run (Ctrl-C) ends the wait: {"interrupted": True}. `min_ready` must pass every slice."""
     stage, started, done = args["stage"], time.monotonic(), threading.Event()
 
     def tick() -> None:
@@ -97,7 +127,23 @@ def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str]
     ticker = threading.Thread(target=tick, daemon=True)
     ticker.start()
     try:
-        return call(conn, "server.py", "health", args, timeout=timeout + 120)
+        while True:
+            left = timeout - (time.monotonic() - started)
+            piece = max(0.0, min(SLICE_S, left))
+            # the log comes back only with the last slice of a stage that times out (it may be MBs)
+            answer = call(conn, "server.py", "health", dict(args, timeout=piece, final=left <= SLICE_S),
+                          timeout=piece + 120)
+            answer["seconds"] = round(time.monotonic() - started, 3)
+            last_piece = left <= SLICE_S
+            if stage == "min_ready":
+                if not answer.get("ok") or last_piece:
+                    return answer
+            elif answer.get("ok") or not answer.get("timed_out") or last_piece:
+                return answer  # passed, failed for good (exited, a wrong answer), or out of time
+            if interruptible and stopping():
+                return {"ok": False, "stage": stage, "interrupted": True, "seconds": answer["seconds"],
+                        "message": f"interrupted (Ctrl-C) after {answer['seconds']:.1f}s of waiting",
+                        "last": answer.get("last"), "log": answer.get("log"), "pid": answer.get("pid")}
     finally:
         done.set()
         ticker.join()

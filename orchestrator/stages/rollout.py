@@ -34,12 +34,15 @@ when it was prepared, taken out and put back (prepare_at_s, out_at_s, back_at_s)
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +51,7 @@ from ..fleet.group import Group, TaskOutcome
 from ..fleet.hostkeys import KnownHosts
 from ..fleet.inventory import Host, Inventory
 from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_healthy, worker_in_flight)
+from ..numbers import check_number
 from ..spec.profile import Artifacts, Profile, with_overrides
 from . import deploy as deploy_stage
 from . import health as health_stage
@@ -81,8 +85,8 @@ def parse_serial(text: str | int | list[Any]) -> list[int | str]:
         item = str(item).strip()
         if item.endswith("%"):
             try:
-                value = float(item[:-1])
-            except ValueError:
+                value = float(Decimal(item[:-1]))
+            except (ArithmeticError, ValueError):
                 raise ConfigError(f"--batch entry '{item}' is not a percentage like 25%") from None
             if not 0 < value <= 100:
                 raise ConfigError(f"--batch percentage must be in (0, 100], got '{item}'")
@@ -101,10 +105,16 @@ def parse_serial(text: str | int | list[Any]) -> list[int | str]:
     return out
 
 
+def percent_of(percent: str, total: int) -> int:
+    """'30%' of `total` hosts as Ansible's serial counts it: rounded down, at least 1. Exact
+    (decimal) arithmetic: in floats 0.35% of 2000 came out as 6.999... and rounded down to 6."""
+    return max(1, int(Fraction(Decimal(percent.strip()[:-1])) * total // 100))
+
+
 def batch_size(entry: int | str, total: int) -> int:
     """Ansible's rule: a percentage of all the play's hosts, rounded down, at least 1."""
     if isinstance(entry, str) and entry.endswith("%"):
-        return max(1, int(float(entry[:-1]) * total / 100.0))
+        return percent_of(entry, total)
     return int(entry)
 
 
@@ -128,12 +138,12 @@ def parse_max_unavailable(text: str | int | None, total: int) -> int | None:
     item = str(text).strip()
     if item.endswith("%"):
         try:
-            value = float(item[:-1])
-        except ValueError:
+            value = float(Decimal(item[:-1]))
+        except (ArithmeticError, ValueError):
             raise ConfigError(f"--max-unavailable '{item}' is not a count or a percentage") from None
         if not 0 < value <= 100:
             raise ConfigError(f"--max-unavailable percentage must be in (0, 100], got '{item}'")
-        return max(1, int(value * total / 100.0))
+        return percent_of(item, total)
     try:
         count = int(item)
     except ValueError:
@@ -177,6 +187,54 @@ def worker_url(host: Host, profile: Profile) -> str:
     if ":" in bind and not bind.startswith("["):
         bind = f"[{bind}]"
     return f"http://{bind}:{p.server.port}"
+
+
+# ---------------------------------------------------------------- guardrails (before any host is touched)
+
+
+NO_ROUTER = "(no router)"
+
+
+def without_router(hosts: list[Host]) -> list[str]:
+    return [h.name for h in hosts if not host_routers(h)]
+
+
+def routing_refusal(hosts: list[Host]) -> str | None:
+    """Why a rolling operation may not run on these hosts without --no-router (None: it may)."""
+    bare = without_router(hosts)
+    if not bare:
+        return None
+    return (f"{', '.join(bare)}: no router fronts {'it' if len(bare) == 1 else 'them'} (the inventory var "
+            "sglfleet_router_url is not set there). A rolling operation takes each host out of its routers before "
+            "stopping its server, so clients never reach a stopping one. Set sglfleet_router_url (usually a group "
+            "var), or pass --no-router: hosts are then restarted in batches without routing, and clients will see "
+            "errors. Nothing was done.")
+
+
+def outage_refusals(batches: list[list[str]], fronted: dict[str, set[str]], fleet: dict[str, int],
+                    limit: int | None, limit_text: Any = None) -> list[str]:
+    """Each router that the plan could leave with no serving worker: a batch that holds all of its
+    hosts (`fronted`: the selected hosts it fronts; `fleet`: how many hosts of the inventory it
+    fronts), or a --max-unavailable that lets all of them be out at once. NO_ROUTER stands for
+    the hosts no router fronts (--no-router): all of them stopped at once is the same outage."""
+    out = []
+    for router, names in fronted.items():
+        total = fleet.get(router, len(names))
+        where = "the hosts no router fronts" if router == NO_ROUTER else f"router {router}"
+        for index, batch in enumerate(batches, 1):
+            taken = len(set(batch) & names)
+            if limit is not None:
+                taken = min(taken, limit)
+            if taken >= total:
+                out.append(f"batch {index} of {len(batch)} host(s) would take {taken} of the {total} serving "
+                           f"host(s) of {where} out at once, leaving it 0 serving workers")
+                break
+        else:
+            if limit is not None and limit >= total and len(names) >= total:
+                out.append(f"--max-unavailable {limit_text if limit_text is not None else limit} ({limit} host(s)) "
+                           f"would let all {total} serving host(s) of {where} be out of routing at once, leaving "
+                           "it 0 serving workers")
+    return out
 
 
 # ---------------------------------------------------------------- capacity
@@ -258,6 +316,8 @@ class RolloutOptions:
     pipeline: bool = True
     deploy: deploy_stage.DeployOptions | None = None
     state_dir: Path = Path("runs")
+    no_router: bool = False            # hosts no router fronts are rolled anyway (clients see errors)
+    allow_full_outage: bool = False    # a batch / max_unavailable may take all of a router's hosts out
     # TEST ONLY: SIGTERM without taking the host out of routing or waiting for its requests (the
     # control run that proves the zero-failure test can fail). Never exposed on the CLI.
     unsafe_skip_drain: bool = False
@@ -502,21 +562,37 @@ class Rollout:
                  host_key_policy: str | None = None):
         if options.mode not in ("restart", "deploy"):
             raise ConfigError(f"rollout mode must be restart or deploy, got {options.mode!r}")
-        if options.max_fail_percentage < 0 or options.max_fail_percentage > 100:
-            raise ConfigError(f"--max-fail-percentage must be in [0, 100], got {options.max_fail_percentage:g}")
-        for name, value in (("--drain-timeout", options.drain_timeout), ("--min-ready", options.min_ready),
-                            ("--router-timeout", options.router_timeout)):
-            if value < 0:
-                raise ConfigError(f"{name} must be >= 0 seconds, got {value:g}")
+        check_number("--max-fail-percentage", options.max_fail_percentage, low=0, high=100)
+        for name, value in (("--drain-timeout", options.drain_timeout), ("--min-ready", options.min_ready)):
+            check_number(name, value, low=0, unit="seconds")
+        check_number("--router-timeout", options.router_timeout, above=0, unit="seconds")
         self.inventory, self.pattern, self.profile = inventory, pattern, profile
         self.artifacts = artifacts if artifacts is not None else profile.artifacts()
         self.options, self.events, self.host_key_policy = options, events, host_key_policy
         self.hosts = inventory.select(pattern)
         if not self.hosts:
             raise ConfigError(f"pattern '{pattern}' selects no host")
-        self.deploy_options = options.deploy or deploy_stage.DeployOptions(command=f"sglfleet rollout {options.mode}")
+        if not options.no_router and routing_refusal(self.hosts):
+            raise ConfigError(f"{options.mode} --rolling refused: {routing_refusal(self.hosts)}")
+        # The rollout's own min_ready (HostRoll.stays_ready, then back into routing) replaces deploy's;
+        # a prepared host may wait for the batch before it (its drain, start, health, min_ready,
+        # routers) with the lease held.
+        deploy_options = options.deploy or deploy_stage.DeployOptions(command=f"sglfleet rollout {options.mode}")
+        self.deploy_options = dataclasses.replace(
+            deploy_options, min_ready=0, lease_wait_s=options.drain_timeout + 2 * options.router_timeout
+            + options.min_ready + deploy_options.stop_grace + deploy_stage.LAUNCH_CALL_S
+            + sum({**health_stage.DEFAULT_TIMEOUTS, **deploy_options.timeouts}.values()))
         self.worker_urls = {h.name: worker_url(h, profile) for h in self.hosts}
         self.max_unavailable = parse_max_unavailable(options.max_unavailable, len(self.hosts))
+        if not options.allow_full_outage:
+            refusals = outage_refusals(plan_batches([h.name for h in self.hosts], options.serial),
+                                       self.fronted(), self.fleet_sizes(), self.max_unavailable,
+                                       options.max_unavailable)
+            if refusals:
+                raise ConfigError(f"{options.mode} --rolling refused: " + "; ".join(refusals) + ". Use a smaller "
+                                  "--batch or --max-unavailable (percentages round down, at least 1), or pass "
+                                  "--allow-full-outage to accept that clients get no answer meanwhile. Nothing "
+                                  "was done.")
         self.stop = threading.Event()
         self.capacity = Capacity(self.max_unavailable, set(), self.stop)
         self.state_file = state_path(options, inventory.path, pattern, profile)
@@ -540,6 +616,24 @@ class Rollout:
                 out.setdefault(url, set()).add(self.worker_urls[h.name])
         return out
 
+    def fronted(self) -> dict[str, set[str]]:
+        """Router URL (NO_ROUTER for none) -> the selected hosts it fronts."""
+        out: dict[str, set[str]] = {}
+        for h in self.hosts:
+            for url in host_routers(h) or [NO_ROUTER]:
+                out.setdefault(url, set()).add(h.name)
+        return out
+
+    def fleet_sizes(self) -> dict[str, int]:
+        """Router URL -> how many hosts of the whole inventory it fronts (hosts outside the pattern
+        keep serving through it); NO_ROUTER: the selected hosts without one."""
+        sizes: dict[str, int] = {}
+        for h in self.inventory.hosts.values():
+            for url in host_routers(h):
+                sizes[url] = sizes.get(url, 0) + 1
+        sizes[NO_ROUTER] = len(without_router(self.hosts))
+        return sizes
+
     def preflight(self) -> list[dict[str, Any]]:
         """Each host: in which routers, healthy or why not. A healthy server missing from a router
         is added (that only adds capacity); a host still unavailable is down, and counts."""
@@ -549,6 +643,7 @@ class Rollout:
                 listed[url] = {w.url: w for w in RouterClient(url).workers()}
             except RouterError as exc:
                 raise RolloutRefused(f"cannot read router {url}: {exc}", []) from None
+        self.listed = listed
         table = []
         for h in self.hosts:
             url = self.worker_urls[h.name]
@@ -600,6 +695,27 @@ class Rollout:
                 f"{len(table) - self.max_unavailable} serving. Bring them back, raise --max-unavailable, or leave "
                 f"them out of the pattern.", table)
 
+    def check_outage(self, table: list[dict[str, Any]], batches: list[list[str]]) -> None:
+        """With the hosts already down (the preflight's table) counted: refuse a plan that would leave
+        a router with no serving worker (unless allow_full_outage). A router's serving workers are
+        this fleet's hosts that are up plus the other workers it lists healthy."""
+        if self.options.allow_full_outage:
+            return
+        up = {r["host"] for r in table if r["up"]}
+        mine = set(self.worker_urls.values())
+        down = len(table) - len(up)
+        room = None if self.max_unavailable is None else max(self.max_unavailable - down, 0)
+        fronted = {router: names & up for router, names in self.fronted().items()}
+        serving = {router: len(names) + sum(1 for url, w in getattr(self, "listed", {}).get(router, {}).items()
+                                            if w.healthy and url not in mine)
+                   for router, names in fronted.items()}
+        fronted = {router: names for router, names in fronted.items() if serving[router] > 0}
+        refusals = [r for r in outage_refusals(batches, fronted, serving, room)
+                    if not r.startswith("--max-unavailable")]  # that one is for the static plan
+        if refusals:
+            raise RolloutRefused("refusing to start: with the hosts already down counted, " + "; ".join(refusals)
+                                 + ". Bring them back, use a smaller --batch, or pass --allow-full-outage.", table)
+
     # ------------------------------------------------------------ state (for --continue)
 
     def _load_state(self) -> dict[str, Any]:
@@ -627,6 +743,7 @@ class Rollout:
         table = self.preflight()
         self.check_capacity(table)
         batches = plan_batches(todo, self.options.serial, total=len(names))
+        self.check_outage(table, batches)
         state = {"mode": self.options.mode, "pattern": self.pattern, "profile": self.profile.name,
                  "done": sorted(done), "hosts": state.get("hosts") or {}, "halted": None}
         self._save_state(state)

@@ -1806,6 +1806,47 @@ __device__ void gather_nodes(const float* lp, const SelectSmem& w, int L, int K,
   }
 }
 
+// Past this many nodes E is ranked by a sort instead of by counting: counting is n_e^2 / 512
+// comparisons a thread, and at B = 256 (n_e of several hundred) the CTA issued them for most
+// of the 16 us its rank phase took (probe --phases --budget 256, bs=1).
+constexpr int kRankSortMin = 256;
+
+// Positions of E by (score desc, rank tuple asc), as the counting below gives them: (score, index)
+// keys sorted ascending in `a` (a bitonic sort; [next_pow2(n_e)] entries), then within each run of
+// equal scores the rank tuples counted. -0 is taken as +0 (they compare equal as floats, so the
+// counting treats them as a tie). All threads call it; w.rank is written, then a barrier.
+__device__ void rank_by_sort(unsigned long long* a, const SelectSmem& w, int n_e) {
+  const int p2 = next_pow2(n_e);
+  for (int i = threadIdx.x; i < p2; i += blockDim.x) {
+    unsigned long long c = ~0ull;  // past E: after every finite score (whose keys are below ~0u)
+    if (i < n_e) {
+      const float sc = w.score[i];
+      c = (static_cast<unsigned long long>(~score_key(sc == 0.f ? 0.f : sc)) << 32) | unsigned(i);
+    }
+    a[i] = c;
+  }
+  __syncthreads();
+  bitonic_sort(a, p2);  // ends behind a barrier
+  for (int p = threadIdx.x; p < n_e; p += blockDim.x) {
+    const unsigned long long c = a[p];
+    const uint32_t hi = uint32_t(c >> 32);
+    const int i = int(c & 0xFFFFFFFFull);
+    int lo = p, end = p + 1;  // the run of scores equal to this one: [lo, end)
+    while (lo > 0 && uint32_t(a[lo - 1] >> 32) == hi) --lo;
+    while (end < n_e && uint32_t(a[end] >> 32) == hi) ++end;
+    int pos = lo;
+    if (end - lo > 1) {
+      const RankKey ki = w.key[i];
+      for (int q = lo; q < end; ++q) {
+        const int j = int(a[q] & 0xFFFFFFFFull);
+        pos += j != i && rank_key_less(w.key[j], ki);
+      }
+    }
+    w.rank[i] = pos;
+  }
+  __syncthreads();
+}
+
 // All threads of a kTopkThreads CTA call it, after stage_build. Returns the node count (records
 // written to s) or -1: fall back to fast_build (nothing written then).
 __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget,
@@ -1863,11 +1904,12 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
   mark(tl, kTlGather, t1 - t0);
   const int n_e = w.flags[0];
   if (n_e < budget) return -1;
-  // Position by (score desc, rank tuple asc): 4 lanes per node, each counting a quarter of E;
-  // rank tuples are compared only where scores tie (measured 6.9 us for this stage at B=64 with
-  // one thread per node looping over all of E).
+  // Position by (score desc, rank tuple asc). Many nodes: a sort (above). Otherwise 4 lanes per
+  // node, each counting a quarter of E; rank tuples are compared only where scores tie (measured
+  // 6.9 us for this stage at B=64 with one thread per node looping over all of E).
   constexpr int kParts = 4;
-  for (int base = 0; base < n_e; base += kTopkThreads / kParts) {  // the same trip count everywhere
+  if (n_e > kRankSortMin) rank_by_sort(sh.cand, w, n_e);  // sh.cand: free since the comb select
+  for (int base = 0; n_e <= kRankSortMin && base < n_e; base += kTopkThreads / kParts) {  // same trips everywhere
     const int i = base + tid / kParts, part = tid % kParts;
     int pos = 0;
     if (i < n_e) {
@@ -2196,6 +2238,41 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
 constexpr int kClusterVecs = 5;
 constexpr int kClusterMax = 8;  // the portable cluster size
 
+// sh.prefix = the K-th largest of `lists` lists of `per` keys, each sorted descending (cs.keys:
+// every CTA's cta_keys, in rank order): the value select_kth_key finds (the K-th largest value is
+// one value), each key's counts (greater, at least) taken by binary searches in the lists, the
+// lists' searches interleaved, instead of a pass over all keys. At K = 256 (8 lists of 64) the
+// pass was 512 x 512 comparisons issued by each CTA of the row (probe --phases --budget 256, bs=1:
+// keys, bound and candidates 15.4 us against 4.8 at K = 64); few keys keep the pass, whose one
+// round beats the searches' dependent loads. All threads call it; the caller's barrier follows.
+constexpr int kSortedSelectMin = 256;  // keys in the row from which the searches pay
+
+__device__ __forceinline__ void select_kth_sorted(ChunkShared& sh, const uint32_t* keys, int lists, int per,
+                                                  int k) {
+  int top = 1;
+  while (top * 2 <= per) top *= 2;
+  for (int i = threadIdx.x; i < lists * per; i += blockDim.x) {
+    const uint32_t ki = keys[i];
+    int gt[kClusterMax], ge[kClusterMax];  // entries > ki, >= ki of list c
+#pragma unroll
+    for (int c = 0; c < kClusterMax; ++c) gt[c] = ge[c] = 0;
+    for (int step = top; step > 0; step >>= 1) {
+#pragma unroll
+      for (int c = 0; c < kClusterMax; ++c) {
+        if (c < lists) {
+          const uint32_t* list = keys + c * per;
+          if (gt[c] + step <= per && list[gt[c] + step - 1] > ki) gt[c] += step;
+          if (ge[c] + step <= per && list[ge[c] + step - 1] >= ki) ge[c] += step;
+        }
+      }
+    }
+    int greater = 0, at_least = 0;
+#pragma unroll
+    for (int c = 0; c < kClusterMax; ++c) { greater += gt[c]; at_least += ge[c]; }
+    if (ki != 0u && greater < k && at_least >= k) sh.prefix = ki;
+  }
+}
+
 // Dynamic shared memory of a cluster CTA past ChunkShared, before the build (which reuses it).
 struct ClusterSmem {
   uint32_t pub[kDraftWarps * 4];       // this CTA's qc published keys
@@ -2254,7 +2331,8 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   if (rank == 0)
     for (int j = tid; j < n_seg; j += blockDim.x) cs.segs[j] = cluster.map_shared_rank(cs.seg, j / per_cta)[j % per_cta];
   __syncthreads();
-  select_kth_key(sh, cs.keys, n_pub, k);
+  if (n_pub >= kSortedSelectMin) select_kth_sorted(sh, cs.keys, splits, rb.qc, k);
+  else select_kth_key(sh, cs.keys, n_pub, k);
   __syncthreads();
   ChunkShared* first = cluster.map_shared_rank(&sh, 0);
   append_candidates<T, kClusterVecs>(raw, vmax, sh.prefix, len, start, &first->count, first->cand, 1, kCandCap);
