@@ -242,7 +242,9 @@ def test_a_missing_identity_file_is_named(tmp_path):
     proc = sglfleet("facts", "h1", "--json", "-i", str(inventory))
     assert proc.returncode == 1
     error = json.loads(proc.stdout)["hosts"]["h1"]["error"]
-    assert error.startswith("h1: identity_file /nonexistent/id_ed25519 does not exist on this machine")
+    # named as the inventory spells it (9c443be), with where to fix it
+    assert error.startswith("h1: ansible_ssh_private_key_file /nonexistent/id_ed25519 does not exist on this "
+                            "machine; fix it in the inventory"), error
 
 
 @pytest.mark.lab
