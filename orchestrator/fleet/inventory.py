@@ -705,11 +705,12 @@ def _read_inventory_file(parser: _Parser, path: Path) -> None:
             raise
         if path.suffix in (".yaml", ".yml", ".json"):  # its name says YAML: the YAML problem is the one
             raise yaml_problem from None
-        # no extension: Ansible tries both and shows both; lead with the format its first line has
-        first, other = (yaml_problem, ini_problem) if _looks_like_yaml(text) else (ini_problem, yaml_problem)
-        raise ConfigError(f"{without_location(first)} (read as {'YAML' if first is yaml_problem else 'INI'}; as "
-                          f"{'INI' if first is yaml_problem else 'YAML'} it fails too, at line {other.line or 1}: "
-                          f"{without_location(other)})", shown, first.line) from None
+        # no extension: Ansible tries both; the problem that counts is that of the format its first line has
+        if _looks_like_yaml(text):
+            raise ConfigError(f"{without_location(yaml_problem)} (read as YAML; it is no INI inventory either)",
+                              shown, yaml_problem.line) from None
+        raise ConfigError(f"{without_location(ini_problem)} (read as INI: it is no YAML inventory)",
+                          shown, ini_problem.line) from None
 
 
 _YAML_START = re.compile(r"^(?:---|%YAML|[^\[\s=#;][^=]*:(?:\s|$))")
