@@ -45,7 +45,7 @@ def _flatten_mapping(loader: Any, node: yaml.MappingNode) -> None:
     were written in it rather than merged into it (a mapping merged into another is flattened
     first, maybe before it is constructed itself)."""
     explicit = loader.__dict__.setdefault("_explicit_keys", {})
-    if id(node) not in explicit:
+    if id(node) not in explicit and any(k.tag == MERGE_TAG for k, _ in node.value):  # others stay as written
         explicit[id(node)] = {id(k) for k, _ in node.value if k.tag != MERGE_TAG}
     yaml.constructor.SafeConstructor.flatten_mapping(loader, node)
 
@@ -55,7 +55,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
     merged one, of several merged mappings the earlier wins (PyYAML orders them so). A key written
     twice is an error."""
     loader.flatten_mapping(node)
-    explicit = loader._explicit_keys[id(node)]
+    explicit = loader._explicit_keys.get(id(node))  # None: no merge key, every key written here
     result = SourceMap()
     result.path = loader.source_path
     result.line = node.start_mark.line + 1
@@ -67,7 +67,7 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> SourceMap:
         except TypeError:
             raise ConfigError("a mapping key must be a plain value", loader.source_path,
                               key_node.start_mark.line + 1) from None
-        if id(key_node) in explicit:  # merged pairs come first, so a written key overrides them
+        if explicit is None or id(key_node) in explicit:  # merged pairs come first: a written key wins
             if key in written:
                 raise ConfigError(f"duplicate key {key!r}", loader.source_path, key_node.start_mark.line + 1)
             written.add(key)
