@@ -1849,6 +1849,9 @@ __device__ void rank_by_sort(unsigned long long* a, const SelectSmem& w, int n_e
 
 // All threads of a kTopkThreads CTA call it, after stage_build. Returns the node count (records
 // written to s) or -1: fall back to fast_build (nothing written then).
+// kSort: whether E may be ranked by rank_by_sort (budgets over 64; at B <= 64 the sort's code
+// left in the launch measured 0.25-0.35 us slower though it never ran there).
+template <bool kSort>
 __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget,
                             unsigned long long* tl) {
   const int tid = threadIdx.x;
@@ -1908,8 +1911,11 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
   // node, each counting a quarter of E; rank tuples are compared only where scores tie (measured
   // 6.9 us for this stage at B=64 with one thread per node looping over all of E).
   constexpr int kParts = 4;
-  if (n_e > kRankSortMin) rank_by_sort(sh.cand, w, n_e);  // sh.cand: free since the comb select
-  for (int base = 0; n_e <= kRankSortMin && base < n_e; base += kTopkThreads / kParts) {  // same trips everywhere
+  const bool sorted = kSort && n_e > kRankSortMin;
+  if constexpr (kSort) {
+    if (sorted) rank_by_sort(sh.cand, w, n_e);  // sh.cand: free since the comb select
+  }
+  for (int base = 0; !sorted && base < n_e; base += kTopkThreads / kParts) {  // same trips everywhere
     const int i = base + tid / kParts, part = tid % kParts;
     int pos = 0;
     if (i < n_e) {
@@ -1957,7 +1963,7 @@ __device__ int select_build(ChunkShared& sh, const BuildSmem& s, int L, int K, i
 template <int F>
 __device__ int build_request(ChunkShared& sh, const BuildSmem& s, int L, int K, int budget,
                              unsigned long long* tl = nullptr) {
-  int n = select_build(sh, s, L, K, budget, tl);
+  int n = select_build<(F > 2)>(sh, s, L, K, budget, tl);
   if (n >= 0) return n;
   if (threadIdx.x < 32) {
     n = fast_build<F>(s, L, K, budget);
@@ -2331,8 +2337,12 @@ __global__ void __launch_bounds__(kDraftThreads, 2)
   if (rank == 0)
     for (int j = tid; j < n_seg; j += blockDim.x) cs.segs[j] = cluster.map_shared_rank(cs.seg, j / per_cta)[j % per_cta];
   __syncthreads();
-  if (n_pub >= kSortedSelectMin) select_kth_sorted(sh, cs.keys, splits, rb.qc, k);
-  else select_kth_key(sh, cs.keys, n_pub, k);
+  if constexpr (F > 2) {  // K <= B <= 64 (F <= 2) publishes at most 128 keys a row: the pass only
+    if (n_pub >= kSortedSelectMin) select_kth_sorted(sh, cs.keys, splits, rb.qc, k);
+    else select_kth_key(sh, cs.keys, n_pub, k);
+  } else {
+    select_kth_key(sh, cs.keys, n_pub, k);
+  }
   __syncthreads();
   ChunkShared* first = cluster.map_shared_rank(&sh, 0);
   append_candidates<T, kClusterVecs>(raw, vmax, sh.prefix, len, start, &first->count, first->cand, 1, kCandCap);
