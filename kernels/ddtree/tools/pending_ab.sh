@@ -17,9 +17,11 @@ root=$(pwd)
 work=kernels/ddtree/ab_work
 case "${1:-}" in
   prepare)
+    patches=(kernels/ddtree/results/pending-*.patch)
+    [ -e "${patches[0]}" ] || { echo "no pending patches in kernels/ddtree/results/"; exit 2; }
     rm -rf "$work" && mkdir -p "$work/base"
     git archive HEAD kernels tests/test_ddtree_kernels.py | tar -x -C "$work/base"
-    for p in kernels/ddtree/results/pending-*.patch; do
+    for p in "${patches[@]}"; do
       name=$(basename "$p" .patch); name=${name#pending-}
       mkdir -p "$work/$name" && git archive HEAD kernels tests/test_ddtree_kernels.py | tar -x -C "$work/$name"
       # patch(1), not git apply: inside the repository git apply would patch the real files.
