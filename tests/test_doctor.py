@@ -275,9 +275,9 @@ def break_hosts(lab, inventory_path, tmp_path):
         hosts["ct138"].pop(key)
     inventory_path.write_text(yaml.safe_dump(doc))
     shutil.copyfile(lab.known_hosts_path, inventory_path.with_suffix(".known_hosts"))
-    for _ in range(100):  # the listener is up before doctor looks
-        if lab.in_host("ct134", ["sh", "-c", f"grep -q ':7530 ' /proc/net/tcp"]).returncode == 0:
-            break
+    deadline = time.monotonic() + 60  # the listener is up before doctor looks (python starts slowly under load)
+    while lab.in_host("ct134", ["sh", "-c", "grep -q ':7530 ' /proc/net/tcp"]).returncode != 0:
+        assert time.monotonic() < deadline, "ct134's foreign listener did not come up within 60 s"
         time.sleep(0.1)
 
 
@@ -291,6 +291,7 @@ def lab_extension(tmp_path):
     return ext
 
 
+@pytest.mark.lab
 def test_doctor_names_each_broken_host_and_its_fix(tmp_path):
     profile = deploy_profile(tmp_path, "doctor-lab", replace={
         "name: qwen36-ddtree": "name: doctor-lab", f"path: {ROOT}/build/ddtree": f"path: {lab_extension(tmp_path)}"})
