@@ -257,3 +257,25 @@ def test_the_lease_lives_as_long_as_the_deploys_own_timeouts_say_step_by_step():
     assert host.lease_ttl("revert") == 10 + deploy.LAUNCH_CALL_S + health + deploy.LEASE_MARGIN_S
     # the old single figure held every host for 2 x the timeouts + 2 x the grace + 20 min, whatever the step
     assert host.lease_ttl("plan") < 2 * health + 2 * 10 + 1200
+
+
+def test_a_lease_records_its_step_and_an_expired_one_is_taken_over_and_said(tmp_path):
+    """remote/server.py's own functions on a state dir here: the lease names the profile and the
+    step it reached, each leased step renews it, and the next deploy that finds it expired takes
+    it over and says whose it was and why (before, the takeover was only a log line on the host)."""
+    import json
+    import time
+
+    from orchestrator.remote import server
+
+    holder = {"user": "dana", "controller": "ops1", "command": "sglfleet deploy all p", "controller_pid": 4242}
+    state = str(tmp_path)
+    assert server.take_lease({"state_dir": state, "profile": "p", "lease": {"id": "d1", "holder": holder,
+                                                                             "ttl": 0.2}}) is None
+    server.lease_step({"state_dir": state, "deploy_id": "d1", "lease_ttl": 0.2}, "health", release="r1")
+    held = json.loads((tmp_path / server.LEASE_FILE).read_text())
+    assert (held["profile"], held["step"], held["release"], held["ttl"]) == ("p", "health", "r1", 0.2)
+    time.sleep(0.3)
+    took = server.take_lease({"state_dir": state, "profile": "p", "lease": {"id": "d2", "holder": holder, "ttl": 60}})
+    assert took["id"] == "d1" and took["step"] == "health" and took["why"].startswith("its lease expired"), took
+    assert json.loads((tmp_path / server.LEASE_FILE).read_text())["id"] == "d2"
