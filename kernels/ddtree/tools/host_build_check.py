@@ -25,6 +25,7 @@ check holds, 1 otherwise; each check is printed as one line.
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
@@ -62,7 +63,7 @@ class ThisMachine:
     command line run by /bin/sh with its stdin, as a host's shell runs it over SSH."""
 
     def __init__(self) -> None:
-        self.host = SimpleNamespace(name="this-machine", python=sys.executable)
+        self.host = SimpleNamespace(name="this-machine", user=getpass.getuser(), python=sys.executable)
 
     def run(self, command: str, stdin=None, timeout: float | None = None):
         buffer = io.BytesIO()
@@ -111,8 +112,9 @@ def main() -> int:
     wanted = {k: ext.fingerprint.get(k) for k in host_fp}
     check("fingerprint", wanted == host_fp and not ext.mismatches(inspected),
           f"build {json.dumps(wanted)}; mismatches {ext.mismatches(inspected)}")
-    check("sha256", release.hostlib.sha256_file(str(Path(built["dir"]) / ext.module_file)) == meta["sha256"][ext.module_file],
-          f"{ext.module_file} {meta['sha256'][ext.module_file]} (as recorded)")
+    recorded = meta["sha256"][ext.module_file]
+    check("sha256", release.hostlib.sha256_file(str(Path(built["dir"]) / ext.module_file)) == recorded,
+          f"{ext.module_file} {recorded} (as recorded)")
     installed = Path(inspected["package"]["site"]) / ext.module_file  # the deploy's purelib/<module>
     if installed.exists():
         check("install", False, f"{installed} exists already; not replacing it")
