@@ -88,24 +88,16 @@ def fenced_env(extra: dict | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale_run_labs(root: Path = LAB_ROOT) -> list[Path]:
     """Lab dirs (and their -inventory dirs) of earlier runs whose pytest process is gone."""
     import re
 
+    from orchestrator.lab.manager import _alive
+
     stale = []
     for path in sorted(root.glob(f"{RUN_LAB_PREFIX}*")) if root.is_dir() else []:
         match = re.match(rf"{RUN_LAB_PREFIX}(\d+)(?:-|$)", path.name)
-        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1))):
             stale.append(path)
     return stale
 
