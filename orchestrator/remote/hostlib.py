@@ -17,8 +17,10 @@ Stdlib only; runs on Python 3.8+ (hosts bring their own interpreter).
 import fcntl
 import hashlib
 import json
+import marshal
 import os
 import shutil
+import stat
 import sys
 import time
 import traceback
@@ -398,21 +400,38 @@ def companion(name):
 def serve(stream, sizes, script_name, command):
     """Run one command of the script that follows this library on `stream` (stdin).
 
-    stdin: `<hostlib size> <script size> <args size> [<companion> <size>]...\\n`, this file, the
+    stdin: `<hostlib size> <script code> <args size> [<companion> <code>]...\\n`, this file, the
     script, the args JSON, each companion script, then the command's own payload (e.g. a tar
     stream), which the command reads from `stream`. `sizes` is that header line without the
-    first number."""
+    first number. A script's code token says where its code comes from (`_code_token`): `N`, its
+    N bytes follow; `N@SHA`, they follow and are kept in this user's code cache as SHA (their
+    sha256); `@SHA`, nothing follows: the cached code of SHA runs. When one is not cached, nothing
+    is read or run and the answer is a Failure (EXIT_CODE_MISSING) naming the missing scripts,
+    for the controller to send again with the bodies."""
     envelope = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints (SGLang's, a script's) go to stderr, never into the envelope
     sys.stdout = sys.stderr
     code = 0
     try:
-        script_size, args_size = int(sizes[0]), int(sizes[1])
-        module = load_module(stream, script_name, script_size, "sglfleet_script")
+        names = [script_name] + [_text(name) for name in sizes[2::2]]
+        tokens = [_text(sizes[0])] + [_text(token) for token in sizes[3::2]]
+        args_size = int(sizes[1])
+        cache = code_cache_dir()
+        cached = {}
+        for name, token in zip(names, tokens):
+            size, digest = _code_token(token)
+            if size is None:
+                cached[name] = cached_code(cache, name, digest)
+        missing = [name for name, found in cached.items() if found is None]
+        if missing:
+            raise Failure("not in this host's code cache: %s" % ", ".join(missing), EXIT_CODE_MISSING,
+                          code_missing=missing)
+        module = load_module(stream, script_name, tokens[0], "sglfleet_script", cache, cached.get(script_name))
         args = json.loads(stream.read(args_size).decode("utf-8")) if args_size else {}
-        for name, size in zip(sizes[2::2], sizes[3::2]):
-            name = os.path.basename(name.decode("utf-8") if isinstance(name, bytes) else name)
-            COMPANIONS[name] = load_module(stream, name, int(size), "sglfleet_companion_" + name.split(".")[0])
+        for name, token in zip(names[1:], tokens[1:]):
+            name = os.path.basename(name)
+            COMPANIONS[name] = load_module(stream, name, token, "sglfleet_companion_" + name.split(".")[0], cache,
+                                           cached.get(name))
         commands = module.__dict__.get("COMMANDS", {})
         if command not in commands:
             raise Failure("%s has no command %r (it has: %s)" % (script_name, command, ", ".join(sorted(commands))))
@@ -430,12 +449,107 @@ def serve(stream, sizes, script_name, command):
     return code
 
 
-def load_module(stream, name, size, module_name):
-    """The next `size` bytes of `stream`, run as a module named `module_name` (file name `name`)."""
+def _text(value):
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _code_token(token):
+    """(bytes that follow or None, sha256 hex or None) of a header's code token."""
+    size, _, digest = token.partition("@")
+    return (int(size) if size else None), (digest or None)
+
+
+def load_module(stream, name, token, module_name, cache=None, code=None):
+    """A script run as a module named `module_name` (file name `name`): `code` (from the cache),
+    or the bytes that follow on `stream` as `token` says, kept in `cache` when it names a hash."""
+    if code is None:
+        size, digest = _code_token(token)
+        source = stream.read(size)
+        if digest is not None and hashlib.sha256(source).hexdigest() != digest:
+            raise Failure("%s arrived damaged: its sha256 is not the %s the controller sent" % (name, digest))
+        code = compile(source, name, "exec")
+        if digest is not None and cache is not None:
+            keep_code(cache, name, digest, code)
     module = type(sys)(module_name)
     module.__file__ = name
-    exec(compile(stream.read(size), name, "exec"), module.__dict__)
+    exec(code, module.__dict__)
     return module
+
+
+# The code cache: each remote script's compiled code, kept per user by the sha256 of its source, so
+# a call sends the hash instead of the script (its body only when the host lacks it) and the host
+# does not compile it again. A changed script has another hash, so no stale copy can run; an
+# entry is checked against its own sha256 before it is used (a damaged one is dropped, and counts
+# as missing); the directory is used only while it is this user's alone (0700, owned by us).
+CODE_CACHE_DIR = os.path.join("sglfleet", "remote-code")  # under $XDG_CACHE_HOME or ~/.cache
+CODE_MAGIC = b"sglfleet-code-1\n"
+EXIT_CODE_MISSING = 4
+
+
+def code_cache_dir():
+    """This user's code cache directory, made if need be; None when it cannot be made or trusted
+    (not a directory of ours, or open to others), and then nothing is cached."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, CODE_CACHE_DIR)
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        log("code cache %s is not this user's alone (mode %o, uid %d): not used" % (
+            path, stat.S_IMODE(info.st_mode), info.st_uid))
+        return None
+    return path
+
+
+def _code_path(cache, name, digest):
+    stem = os.path.basename(name).rsplit(".", 1)[0]
+    return os.path.join(cache, "%s-%s.%s" % (stem, digest, sys.implementation.cache_tag))
+
+
+def cached_code(cache, name, digest):
+    """The cached code of script `name` with source sha256 `digest`, or None (a damaged entry is
+    removed)."""
+    if cache is None:
+        return None
+    path = _code_path(cache, name, digest)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    head = len(CODE_MAGIC) + 32
+    if data[:len(CODE_MAGIC)] == CODE_MAGIC and hashlib.sha256(data[head:]).digest() == data[len(CODE_MAGIC):head]:
+        try:
+            return marshal.loads(data[head:])
+        except (EOFError, ValueError, TypeError):
+            pass
+    log("code cache entry %s is damaged: dropped" % path)
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    return None
+
+
+def keep_code(cache, name, digest, code):
+    """Keep `code` as script `name`'s cached code (0600, written whole then renamed into place);
+    a cache that cannot be written is only a slower next call."""
+    data = marshal.dumps(code)
+    path = _code_path(cache, name, digest)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(CODE_MAGIC + hashlib.sha256(data).digest() + data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log("code cache: cannot keep %s (%s)" % (path, exc))
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def main(commands):
