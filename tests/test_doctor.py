@@ -275,8 +275,12 @@ def break_hosts(lab, inventory_path, tmp_path):
         hosts["ct138"].pop(key)
     inventory_path.write_text(yaml.safe_dump(doc))
     shutil.copyfile(lab.known_hosts_path, inventory_path.with_suffix(".known_hosts"))
-    deadline = time.monotonic() + 60  # the listener is up before doctor looks (python starts slowly under load)
-    while lab.in_host("ct134", ["sh", "-c", "grep -q ':7530 ' /proc/net/tcp"]).returncode != 0:
+    # The listener is up before doctor looks (python starts slowly under load). Asked by connecting to
+    # ct134's own address: /proc/net/tcp also lists other lab hosts' sockets on port 30000 (a grep
+    # for the port matched them in a full run, and doctor looked before the listener was up).
+    connect = f"import socket; socket.create_connection(({address['ct134']!r}, 30000), 1).close()"
+    deadline = time.monotonic() + 60
+    while lab.in_host("ct134", ["python3", "-c", connect]).returncode != 0:
         assert time.monotonic() < deadline, "ct134's foreign listener did not come up within 60 s"
         time.sleep(0.1)
 
