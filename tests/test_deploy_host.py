@@ -158,3 +158,30 @@ def test_lease_refusal_reaches_the_controller_as_a_locked_remote_error(tmp_path)
     with pytest.raises(RemoteError) as info:
         call(conn, "server.py", "plan", dict(args, lease={"id": "second", "holder": HOLDER, "ttl": 9}))
     assert info.value.exit_status == hostlib.EXIT_LOCKED and info.value.detail["lease"]["id"] == "first"
+
+
+def test_plan_asks_about_the_model_draft_and_port_the_host_runs(monkeypatch, tmp_path):
+    """deploy's plan round trip asks for the facts of the model and draft, and the holders of the
+    port, of the profile as this host runs it (its sglfleet_profile_overrides applied, as render
+    applies them). Before, it asked about the profile file's: an override moving the model or the
+    port was rendered, but its facts and port holders were the file's."""
+    from types import SimpleNamespace
+
+    from orchestrator.fleet.inventory import Host
+    from orchestrator.spec.profile import load_profile
+    from orchestrator.stages import deploy
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nmodel: {path: /m}\nspeculative: {algorithm: DFLASH, draft_model: /d}\n"
+                    "server: {port: 30000}\n")
+    asked = []
+    monkeypatch.setattr(deploy.remote_call, "call", lambda conn, script, command, args, **kw: asked.append(args) or {})
+    overrides = {"p": {"model": {"path": "/m2"}, "speculative": {"draft_model": "/d2"}, "server": {"port": 31001}}}
+    host = Host(name="h", address="127.0.0.1", vars={"sglfleet_profile_overrides": overrides})
+    deploy.plan_call(SimpleNamespace(host=host), load_profile(str(path)), None, {})
+    assert asked[-1]["facts"] == {"model": "/m2", "draft": "/d2"} and asked[-1]["port"] == 31001
+    # Another host, no overrides: the file's values. Overrides of the wrong shape are render's error.
+    for vars_ in ({}, {"sglfleet_profile_overrides": "nonsense"}):
+        deploy.plan_call(SimpleNamespace(host=Host(name="g", address="127.0.0.1", vars=vars_)),
+                         load_profile(str(path)), None, {})
+        assert asked[-1]["facts"] == {"model": "/m", "draft": "/d"} and asked[-1]["port"] == 30000

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import RemoteError, SglfleetError
+from ..errors import ConfigError, RemoteError, SglfleetError
 from ..fleet import remote_call
 from ..fleet.group import stopping
 from ..remote.hostlib import describe_holder, server_paths
 from ..spec.profile import Artifacts, Profile
+from . import doctor
 from . import health as health_stage
 from . import kernels, release, runs
 from .render import Rendered, RenderError, render
@@ -156,13 +157,20 @@ def port_taken(host: str, port: int, holders: list[dict[str, Any]]) -> str:
 
 
 def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: dict[str, Any],
-              recover: bool = True) -> dict[str, Any]:
-    """Round trip 1: facts, release inspection, what runs, port holders (and the lease)."""
-    model, spec = profile.model.model, profile.model.speculative
+              recover: bool = True, inventory_path: str = "inventory") -> dict[str, Any]:
+    """Round trip 1: facts, release inspection, what runs, port holders (and the lease). The
+    model, draft and port asked about are the profile's as this host runs it (its inventory
+    sglfleet_profile_overrides applied, as render applies them); overrides of the wrong shape
+    are render's error to report, so they are left out here."""
+    try:
+        mine = doctor.host_profile(conn.host, profile, inventory_path)[0].model
+    except ConfigError:
+        mine = profile.model
+    model, spec = mine.model, mine.speculative
     args: dict[str, Any] = {"profile": profile.name,
                             "facts": {"model": model.path if model else None,
                                       "draft": spec.draft_model if spec else None},
-                            "port": profile.model.server.port, **extra}
+                            "port": mine.server.port, **extra}
     companions = tuple(name for name in COMPANIONS if name != "release.py" or artifacts is not None)
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
@@ -291,14 +299,15 @@ class HostDeploy:
         extra = {"holder": self.holder, "lease": lease}
         try:
             # A dry run changes nothing: not even the recovery of an interrupted push.
-            planned = plan_call(self.conn, self.profile, self.artifacts, extra, recover=not self.options.dry_run)
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra, recover=not self.options.dry_run,
+                                inventory_path=self.inventory_path)
         except RemoteError as exc:
             held = exc.detail.get("lease")
             if not held or not lease or not _controller_gone(held.get("holder") or {}):
                 raise
             self.note(f"taking over the lease of deploy {held.get('id')} (its controller process is gone)")
             lease["take_over"] = held.get("id")
-            planned = plan_call(self.conn, self.profile, self.artifacts, extra)
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra, inventory_path=self.inventory_path)
         self.leased = lease is not None
         if planned.get("lease_took_over"):
             self.doc["lease_taken_over"] = planned["lease_took_over"]
@@ -623,7 +632,8 @@ def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict
     desired = None
     if profile is not None:
         artifacts = profile.artifacts()
-        planned = plan_call(conn, profile, artifacts, {"holder": holder("status")}, recover=False)
+        planned = plan_call(conn, profile, artifacts, {"holder": holder("status")}, recover=False,
+                            inventory_path=inventory_path)
         try:
             rendered = render(conn.host, profile, planned["facts"], inventory_path, check_flags=False)
             files = render_files(rendered)
