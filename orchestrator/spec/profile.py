@@ -121,6 +121,42 @@ class Server(BaseModel):
         return value
 
 
+class RatioCheck(BaseModel):
+    """Canary / baseline of a figure (medians over the analysis window) must be at least min_ratio;
+    null: shown in the table, not judged."""
+    model_config = ConfigDict(extra="forbid")
+    min_ratio: float | None = Field(None, ge=0, le=10, allow_inf_nan=False)
+
+
+class IncreaseCheck(BaseModel):
+    """The canary's share of failed requests may exceed the baseline's by at most max_increase
+    (0.01: one percentage point); null: shown, not judged."""
+    model_config = ConfigDict(extra="forbid")
+    max_increase: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+
+
+class Analysis(BaseModel):
+    """Canary analysis (`deploy/restart --rolling --canary N`): the canary vs the baseline (hosts
+    still on what served before) over one window. See stages/canary.py."""
+    model_config = ConfigDict(extra="forbid")
+    window: float = Field(60.0, gt=0, le=86400, allow_inf_nan=False)  # seconds; --analysis-window overrides
+    interval: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)  # seconds between two reads of /metrics
+    # Intervals in which a server decoded (its token counter moved), per side, before a figure is judged.
+    min_samples: int = Field(5, ge=1, le=100000)
+    inconclusive: Literal["pause", "fail"] = "pause"  # too few samples: wait for a human, or revert
+    accept_length: RatioCheck = RatioCheck(min_ratio=0.9)
+    accept_rate: RatioCheck = RatioCheck()
+    throughput: RatioCheck = RatioCheck(min_ratio=0.85)
+    error_rate: IncreaseCheck = IncreaseCheck(max_increase=0.01)
+
+    @model_validator(mode="after")
+    def _interval_within_window(self) -> "Analysis":
+        if self.interval > self.window:
+            raise ValueError(f"interval ({self.interval:g} s) is longer than the window ({self.window:g} s): "
+                             "no two reads of a server would fall in it")
+        return self
+
+
 class ProfileModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -138,6 +174,7 @@ class ProfileModel(BaseModel):
     server: Server = Server()
     env: dict[str, str] = {}
     artifacts: ArtifactsRef = ArtifactsRef()
+    analysis: Analysis = Analysis()
 
     @field_validator("name", mode="before")
     @classmethod

@@ -166,10 +166,10 @@ def write_csv(records: dict[str, list[Decode]], path: str | Path) -> int:
     return len(rows)
 
 
-def plot(records: dict[str, list[Decode]], directory: str | Path) -> dict[str, Any]:
-    """One PNG per metric (PLOTTED): a line per host over time. Returns, per metric, the file and
-    the points as matplotlib holds them after drawing (what the PNG shows)."""
-    matplotlib = _optional("matplotlib", "--plot")
+def plot(records: dict[str, list[Decode]], directory: str | Path, option: str = "--plot") -> dict[str, Any]:
+    """One PNG per metric (PLOTTED): a line per host (each key of `records`) over time. Returns, per
+    metric, the file and the points as matplotlib holds them after drawing (what the PNG shows)."""
+    matplotlib = _optional("matplotlib", option)
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
@@ -240,20 +240,28 @@ LIVE = {"sglang:spec_accept_length": "accept_len", "sglang:spec_accept_rate": "a
         "sglang:num_queue_reqs": "queue_req", "sglang:token_usage": "token_usage"}
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text -> {sample name: value} for unlabeled samples and {name{labels}: value}
-    for labeled ones, parsed by prometheus_client's own parser."""
-    _optional("prometheus_client", "--live")
+def prometheus_samples(text: str, option: str = "--live") -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text -> (sample name, labels, value), parsed by prometheus_client's own parser."""
+    _optional("prometheus_client", option)
     from prometheus_client.parser import text_string_to_metric_families
 
+    return [(sample.name, sample.labels, sample.value)
+            for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def keyed(found: list[tuple[str, dict[str, str], float]]) -> dict[str, float]:
+    """{sample name: value} for unlabeled samples and {name{labels}: value} for labeled ones."""
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = sample.name
-            if sample.labels:
-                key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}"
-            values[key] = sample.value
+    for name, labels, value in found:
+        if labels:
+            name += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+        values[name] = value
     return values
+
+
+def parse_prometheus(text: str, option: str = "--live") -> dict[str, float]:
+    """Prometheus text -> keyed samples (see keyed)."""
+    return keyed(prometheus_samples(text, option))
 
 
 def live_figures(values: dict[str, float]) -> dict[str, float | None]:
