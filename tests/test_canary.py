@@ -220,3 +220,42 @@ def test_a_bad_analysis_section_is_refused_with_file_and_line(tmp_path, body, ne
         load_profile(write(tmp_path, body))
     message = str(caught.value)
     assert needle in message and "p.yaml:" in message, message
+
+
+# ---------------------------------------------------------------- the lab stand-in's simulated figures
+
+
+def test_the_stand_ins_accept_length_follows_what_is_deployed():
+    from types import SimpleNamespace
+
+    from orchestrator.lab.sim_server import spec_figures
+
+    def ddtree(budget, cap=None, scale=1.0):
+        return spec_figures(SimpleNamespace(speculative_algorithm="DDTREE", speculative_num_draft_tokens=16,
+                                            speculative_ddtree_budget=budget, speculative_ddtree_topk_cap=cap), scale)
+
+    assert ddtree(64) == (4.25, 0.22) and ddtree(16)[0] == 3.15 and ddtree(4)[0] == 2.6
+    assert ddtree(16)[0] / ddtree(64)[0] == pytest.approx(0.74, abs=0.01)   # a budget too small: ~26% lower
+    assert ddtree(64, cap=2)[0] == pytest.approx(4.25 * 0.85, abs=0.01)     # a narrow tree
+    assert ddtree(64, scale=0.7)[0] == pytest.approx(4.25 * 0.7, abs=0.01)  # SGLFLEET_SIM_ACCEPT_SCALE
+    assert spec_figures(SimpleNamespace(speculative_algorithm=None)) is None
+
+
+def test_the_stand_ins_metrics_move_only_with_requests_and_count_failures(monkeypatch):
+    from orchestrator.lab.sim_server import SimServer
+
+    monkeypatch.setenv("SGLFLEET_SIM_ERROR_RATE", "0.25")
+    monkeypatch.setenv("SGLFLEET_SIM_FORWARDS_PER_S", "100000")  # no decode time in a unit test
+    server = SimServer({"fields": {"enable_metrics": True, "model_path": "/m"}, "server_args": {},
+                        "spec": [4.0, 0.2], "hybrid": False, "version": "lab"}, "h200", [])
+    server.ready = True
+    idle = canary.reading(server.metrics({})[1], 1.0)
+    assert idle.tokens == 0 and idle.gauges["accept_len"] == 4.0 and idle.gauges["gen_throughput"] == 400000.0
+    assert canary.reading(server.metrics({})[1], 2.0).tokens == 0  # nothing served: no counter moves
+    statuses = [server.generate({"text": "a b", "sampling_params": {"max_new_tokens": 4}})[0] for _ in range(8)]
+    assert statuses.count(500) == 2 and statuses.count(200) == 6
+    busy = canary.reading(server.metrics({})[1], 3.0)
+    assert (busy.tokens, busy.responses, busy.errors) == (24, 8, 2)
+    assert canary.sample_between("h", idle, busy) is not None
+    server.args.enable_metrics = False
+    assert server.metrics({})[0] == 404

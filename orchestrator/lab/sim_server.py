@@ -21,7 +21,24 @@ Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE
 (default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after
 validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
 SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
-text and no tokens), SGLFLEET_SIM_SLOW_MS (per request).
+text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
+generation requests answered 500, spread evenly).
+
+SIMULATED speculative decoding (a model, not a measurement; it exists so that a canary analysis
+has something that follows from what is deployed). Nothing is drafted or verified here:
+  accept length (tokens per forward, bonus token included), from SGLang's resolved args:
+      DFLASH 3.4; DDTREE 2.6 + 0.55 x log2(budget / 8) (a bigger tree accepts more, with
+      diminishing returns: budget 64 -> 4.25, 16 -> 3.15, 8 or less -> 2.6); a DDTree top-k cap
+      below 4 keeps the tree narrow: x (0.7 + 0.075 x cap); then x SGLFLEET_SIM_ACCEPT_SCALE (default
+      1: a stand-in for a weaker or stronger draft model); at least 1, at most the draft tokens.
+  accept rate = (accept length - 1) / (draft tokens - 1).
+  generation throughput (token/s while decoding) = SGLFLEET_SIM_FORWARDS_PER_S (default 95) x
+      accept length x SGLFLEET_SIM_THROUGHPUT_SCALE (default 1): fewer tokens per forward is a slower
+      server, as on a GPU. A request of N new tokens takes N / that throughput (plus SLOW_MS).
+/metrics (with --enable-metrics) exports the figures as SGLang does, with SGLang's counters
+(sglang:generation_tokens_total, sglang:num_requests_total, sglang:http_responses_total per
+endpoint and status), which move only when requests are served: an idle server's gauges stand
+still, as SGLang's do between decode log lines.
 """
 
 import json
@@ -107,18 +124,22 @@ def resolved_view(args):
     return out
 
 
-def spec_figures(args):
-    """Plausible, deterministic accept length / rate for the configured speculation."""
+def spec_figures(args, scale=1.0):
+    """The simulated accept length / rate for the configured speculation (the module docstring's
+    model); `scale` is SGLFLEET_SIM_ACCEPT_SCALE."""
     algorithm = getattr(args, "speculative_algorithm", None)
     if not algorithm:
         return None
     draft = getattr(args, "speculative_num_draft_tokens", None) or getattr(args, "speculative_dflash_block_size",
                                                                            None) or 16
     budget = getattr(args, "speculative_ddtree_budget", None)
+    cap = getattr(args, "speculative_ddtree_topk_cap", None)
     accept = 3.4 if str(algorithm).upper() == "DFLASH" else 2.6
     if budget:  # a bigger tree accepts more, with diminishing returns
         accept += 0.55 * math.log2(max(1.0, budget / 8.0))
-    accept = min(accept, float(draft))
+    if cap and cap < 4:  # a narrow tree
+        accept *= 0.7 + 0.075 * cap
+    accept = max(1.0, min(accept * scale, float(draft)))
     rate = (accept - 1.0) / max(1.0, float(draft) - 1.0)
     return round(accept, 2), round(rate, 2)
 
@@ -143,7 +164,7 @@ def validated_summary(args):
     crosses the pipe: the serving process never imports SGLang)."""
     import sglang
 
-    spec = spec_figures(args)
+    spec = spec_figures(args, env_float("SGLFLEET_SIM_ACCEPT_SCALE", 1.0))
     return {"fields": {name: getattr(args, name, None) for name in SERVING_FIELDS},
             "server_args": resolved_view(args), "spec": list(spec) if spec else None, "hybrid": is_hybrid(args),
             "version": sglang.__version__}
@@ -160,6 +181,8 @@ class SimServer:
         self.draining = False
         self.in_flight = 0
         self.served = 0
+        self.tokens = 0           # sglang:generation_tokens_total
+        self.responses = {}       # (endpoint, status) -> count: sglang:http_responses_total
         self.lock = threading.Lock()
         self.spec = tuple(validated["spec"]) if validated["spec"] else None
         self.hybrid = validated["hybrid"]
@@ -210,7 +233,7 @@ class SimServer:
             if self.spec:
                 spec = ", accept len: %.2f, accept rate: %.2f" % self.spec
             log.info("Decode batch, #running-req: %d, %s%s, cuda graph: True, gen throughput (token/s): %.2f, "
-                     "#queue-req: 0", running, part, spec, 95.0 * (self.spec[0] if self.spec else 1.0))
+                     "#queue-req: 0", running, part, spec, self.throughput())
 
     def on_sigterm(self, signum, frame):
         with self.lock:
@@ -318,18 +341,40 @@ class SimServer:
         with self.lock:
             return 200, {"num_running_reqs": self.in_flight, "num_waiting_reqs": 0, "num_served": self.served}
 
+    def throughput(self):
+        """Generated tokens per second while decoding (the module docstring's model)."""
+        return env_float("SGLFLEET_SIM_FORWARDS_PER_S", 95.0) * (self.spec[0] if self.spec else 1.0) * \
+            env_float("SGLFLEET_SIM_THROUGHPUT_SCALE", 1.0)
+
     def metrics(self, payload):
         if not getattr(self.args, "enable_metrics", False):
             return 404, {"error": "metrics are off; start with --enable-metrics"}
         with self.lock:
-            running, served = self.in_flight, self.served
+            running, served, tokens = self.in_flight, self.served, self.tokens
+            responses = sorted(self.responses.items())
         accept, rate = self.spec or (1.0, 0.0)
         lines = ["# lab simulation of SGLang metrics",
                  "# TYPE sglang:num_running_reqs gauge", "sglang:num_running_reqs %d" % running,
                  "# TYPE sglang:spec_accept_length gauge", "sglang:spec_accept_length %.2f" % accept,
                  "# TYPE sglang:spec_accept_rate gauge", "sglang:spec_accept_rate %.2f" % rate,
-                 "# TYPE sglang:num_requests_total counter", "sglang:num_requests_total %d" % served]
+                 "# TYPE sglang:gen_throughput gauge", "sglang:gen_throughput %.2f" % self.throughput(),
+                 "# TYPE sglang:num_requests_total counter", "sglang:num_requests_total %d" % served,
+                 "# TYPE sglang:generation_tokens_total counter", "sglang:generation_tokens_total %d" % tokens,
+                 "# TYPE sglang:http_responses_total counter"]
+        lines += ['sglang:http_responses_total{endpoint="%s",method="POST",status_code="%d"} %d' % (endpoint, status, n)
+                  for (endpoint, status), n in responses]
         return 200, "\n".join(lines) + "\n"
+
+    def answered(self, endpoint, status):
+        with self.lock:
+            self.responses[(endpoint, status)] = self.responses.get((endpoint, status), 0) + 1
+
+    def fails_next(self):
+        """SGLFLEET_SIM_ERROR_RATE: this share of the generation requests fails, spread evenly."""
+        share = env_float("SGLFLEET_SIM_ERROR_RATE", 0.0)
+        with self.lock:
+            n = sum(self.responses.values()) + 1
+        return share > 0 and int(n * share) > int((n - 1) * share)
 
     def _complete(self, prompt, max_new_tokens):
         with self.lock:
@@ -337,7 +382,7 @@ class SimServer:
                 return None
             self.in_flight += 1
         try:
-            time.sleep(env_float("SGLFLEET_SIM_SLOW_MS", 0.0) / 1000.0)
+            time.sleep(env_float("SGLFLEET_SIM_SLOW_MS", 0.0) / 1000.0 + max_new_tokens / self.throughput())
             words = (prompt or "lab").split() or ["lab"]
             text = " ".join(words[i % len(words)] for i in range(max_new_tokens))
             return text
@@ -345,6 +390,7 @@ class SimServer:
             with self.lock:
                 self.in_flight -= 1
                 self.served += 1
+                self.tokens += max_new_tokens
 
     def _meta(self, prompt, n):
         accept, rate = self.spec or (1.0, 0.0)
@@ -356,8 +402,15 @@ class SimServer:
         return meta
 
     def generate(self, payload):
+        status, answer = self._generate(payload)
+        self.answered("/generate", status)
+        return status, answer
+
+    def _generate(self, payload):
         prompt = payload.get("text", "")
         n = int((payload.get("sampling_params") or {}).get("max_new_tokens", 16))
+        if self.fails_next():
+            return 500, {"error": "lab simulation: a failed request (SGLFLEET_SIM_ERROR_RATE)"}
         text = self._complete(prompt, n)
         if text is None:
             return 503, {"error": "server is not ready"}
@@ -366,9 +419,16 @@ class SimServer:
         return 200, {"text": text, "meta_info": self._meta(prompt, n)}
 
     def chat(self, payload):
+        status, answer = self._chat(payload)
+        self.answered("/v1/chat/completions", status)
+        return status, answer
+
+    def _chat(self, payload):
         messages = payload.get("messages") or []
         prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         n = int(payload.get("max_tokens") or 16)
+        if self.fails_next():
+            return 500, {"error": "lab simulation: a failed request (SGLFLEET_SIM_ERROR_RATE)"}
         text = self._complete(prompt, n)
         if text is None:
             return 503, {"error": "server is not ready"}
