@@ -19,6 +19,7 @@ from ..spec.profile import load_profile
 from ..stages.render import render, server_facts
 from ..stages.runs import run_dir
 from ..stages.smoke import simulate_for, smoke_host, store
+from ..stages.units import placements
 from . import output
 from .option_paths import output_dir
 from .common import ForksOpt, InventoryOpt, JsonOpt, PolicyOpt, inventory, on_one_host, run_group
@@ -40,8 +41,10 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
     if what not in WHAT:
         raise ConfigError(f"--what must be one of {', '.join(WHAT)}, got '{what}'")
     inv, prof = inventory(inventory_path), load_profile(profile)
+    placed = placements(inv, inv.select(host), prof)  # a rank of a multi-node server: its own flags
     rendered = on_one_host(inv, host, "render", lambda conn: render(conn.host, prof, server_facts(conn, prof),
-                                                                    inv.path), "render", host_key_policy)
+                                                                    inv.path, placement=placed.get(conn.host.name)),
+                           "render", host_key_policy)
     if as_json:
         output.print_json(rendered.to_json())
         return
@@ -55,8 +58,11 @@ def render_command(host: str = typer.Argument(..., help="One host name."),
         output.write_host_text(rendered.template("launch.sh.j2", env_file=paths["env_file"]))
     else:
         output.stdout.print(output.escape(shlex.join(redact.argv(rendered.command))), highlight=False, soft_wrap=True)
-        table = output.Table(title=f"{rendered.host}: {len(rendered.flags)} flags for SGLang "
-                                   f"{rendered.facts['sglang'].get('version')}")
+        place = rendered.placement
+        rank = (f" (rank {place.rank} of {place.nodes} of server group {place.group}: "
+                f"{', '.join(place.hosts)})" if place else "")
+        table = output.Table(title=output.escape(f"{rendered.host}{rank}: {len(rendered.flags)} flags for SGLang "
+                                                 f"{rendered.facts['sglang'].get('version')}"))
         table.add_column("flag")
         table.add_column("value")
         table.add_column("from")
@@ -94,10 +100,11 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
         if not pattern or not profile:
             raise ConfigError("usage: sglfleet smoke PATTERN PROFILE (or sglfleet smoke --local PROFILE)")
         inv, prof = inventory(inventory_path), load_profile(profile)
+        placed = placements(inv, inv.select(pattern), prof)  # each rank of a multi-node server: its own flags
         directory = run_dir(runs, "smoke")
 
         def task(conn):
-            document = smoke_host(conn, prof, inv.path, simulate_for(conn.host, simulate))
+            document = smoke_host(conn, prof, inv.path, simulate_for(conn.host, simulate), placed.get(conn.host.name))
             store(directory, conn.host.name, document)
             return TaskOutcome(document["ok"], document, None if document["ok"] else document["summary"])
 
@@ -121,7 +128,9 @@ def smoke(pattern: Optional[str] = typer.Argument(None, help="Host pattern (not 
     for name, d in results.items():
         f = (d.get("probe") or {}).get("fields") or {}
         total = ((d.get("probe") or {}).get("timings") or {}).get("total_s")
-        table.add_row(output.escape(name), "[green]ok[/]" if d["ok"] else "[red]failed[/]",
+        place = (d.get("render") or {}).get("placement")
+        label = f"{name} ({place['server_group']}/{place['rank']})" if place else name
+        table.add_row(output.escape(label), "[green]ok[/]" if d["ok"] else "[red]failed[/]",
                       output.escape(d.get("phase") or "-"),
                       *[output.escape(str(f.get(k, "-"))) for k in ("speculative_algorithm", "speculative_num_draft_tokens",
                                                      "speculative_ddtree_budget", "speculative_ddtree_topk_cap",

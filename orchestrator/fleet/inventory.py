@@ -207,6 +207,26 @@ def _as_bind(value: Any) -> str:
     return text
 
 
+SERVER_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _as_server_group(value: Any) -> str:
+    """sglfleet_server_group: the name of the multi-node server the host is a node of (a slug:
+    it names status rows, records and log prefixes)."""
+    text = _as_str(value)
+    if not SERVER_GROUP_NAME.fullmatch(text):
+        raise ValueError("must be a name of letters, digits, '.', '_', '-' (starting with a letter or digit, "
+                         "at most 63 characters)")
+    return text
+
+
+def _as_node_rank(value: Any) -> int:
+    """sglfleet_node_rank: the host's --node-rank in its server group, 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
+        raise ValueError("must be a whole number, 0 or more (rank 0 serves HTTP)")
+    return int(value)
+
+
 # sglfleet's other settings (not connection settings; the stages read them from host.vars),
 # validated where they are written like the connection vars.
 SETTING_VARS: dict[str, Callable[[Any], Any]] = {
@@ -218,7 +238,12 @@ SETTING_VARS: dict[str, Callable[[Any], Any]] = {
     "sglfleet_router_url": _as_router_urls,       # the router(s) fronting the host: http://HOST:PORT
     "sglfleet_router_worker_url": check_http_url,  # the URL those routers know its server by
     "sglfleet_lab_gpu": _as_str,                  # the GPU a lab host declares (smoke simulates it)
+    "sglfleet_server_group": _as_server_group,    # the multi-node server the host is a node of
+    "sglfleet_node_rank": _as_node_rank,          # its --node-rank there (default: the inventory's order)
 }
+# Vars whose file:line a Host keeps (Host.where): the server group's, whose errors name them.
+TRACKED_VARS = ("sglfleet_server_group", "sglfleet_node_rank")
+SERVER_GROUP_VAR = "sglfleet_server_group"
 CONVERTERS = {name: convert for names, convert in CONNECTION_VARS.values() for name in names}
 CONVERTERS.update(SETTING_VARS)
 OWN_VARS = tuple(sorted(n for n in CONVERTERS if n.startswith("sglfleet_")))
@@ -261,6 +286,16 @@ class Host:
     # (None: a Host made in code, reached at its address as it is).
     ssh_request: ssh_resolve.Request | None = field(default=None, compare=False, hash=False)
     ssh: ssh_resolve.SshEndpoint | None = field(default=None, compare=False, hash=False)
+    # file:line of the TRACKED_VARS it has; and, when more than one of its groups sets
+    # sglfleet_server_group to different names, each (group, name, file:line): a host in two
+    # server groups (its own var, which wins, settles it)
+    origins: dict[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    server_group_claims: tuple[tuple[str, str, str], ...] = field(default=(), compare=False, hash=False,
+                                                                  repr=False)
+
+    def where(self, var: str) -> str:
+        """file:line where the host's value of `var` (one of TRACKED_VARS) is written."""
+        return self.origins.get(var, "?")
 
     @property
     def target(self) -> str:
@@ -763,36 +798,47 @@ def _load_inventory(sources: list[str | Path], ssh_config_path: str | None) -> I
     group_files = [_VarsDir(b / "group_vars") for b in basedirs]
     host_files = [_VarsDir(b / "host_vars") for b in basedirs]
 
-    def file_vars(dirs: list[_VarsDir], names: Sequence[str], kind: str, merged: dict, origins: dict) -> None:
+    def file_vars(dirs: list[_VarsDir], names: Sequence[str], kind: str, merged: dict, origins: dict,
+                  claims: list | None = None) -> None:
         for vars_dir in dirs:  # per source, then per group (Ansible's get_vars_from_inventory_sources)
             for name in names:
                 found, found_origins = vars_dir.vars_of(name, f"{kind} '{name}'")
                 merged.update(found)
                 origins.update(found_origins)
+                if claims is not None and SERVER_GROUP_VAR in found:
+                    claims.append((name, found[SERVER_GROUP_VAR], _where(found_origins[SERVER_GROUP_VAR])))
 
     def group_layers(member_of: frozenset[str]):
         if member_of not in layered:
             ordered = sorted(member_of, key=lambda g: (depths[g], parser.groups[g].priority, g))
             merged: dict[str, Any] = {}
             origins: dict[str, Any] = {}
+            claims: list[tuple[str, str, str]] = []  # each group that sets sglfleet_server_group
             for g in ordered:  # deeper, higher-priority, later-named groups win
                 merged.update(parser.groups[g].vars)
                 origins.update(parser.groups[g].origins)
+                if SERVER_GROUP_VAR in parser.groups[g].vars:
+                    claims.append((g, parser.groups[g].vars[SERVER_GROUP_VAR],
+                                   _where(parser.groups[g].origins[SERVER_GROUP_VAR])))
             # then group_vars/ files over every inventory group var: 'all' first, then the others
-            file_vars(group_files, ["all"], "group", merged, origins)
-            file_vars(group_files, [g for g in ordered if g != "all"], "group", merged, origins)
-            layered[member_of] = (tuple(g for g in ordered if g != "all"), merged, origins)
+            file_vars(group_files, ["all"], "group", merged, origins, claims)
+            file_vars(group_files, [g for g in ordered if g != "all"], "group", merged, origins, claims)
+            conflicting = tuple(claims) if len({str(c[1]) for c in claims}) > 1 else ()
+            layered[member_of] = (tuple(g for g in ordered if g != "all"), merged, origins, conflicting)
         return layered[member_of]
 
     hosts: dict[str, Host] = {}
     for name, definition in parser.hosts.items():
         member_of = frozenset().union(*(closure(g) for g in direct.get(name, ()))) | {"all"}
-        group_names, merged, origins = group_layers(member_of)
+        group_names, merged, origins, claims = group_layers(member_of)
         merged = {**merged, **definition.vars}  # host vars over group vars, host_vars/ last
         origins = {**origins, **definition.origins}
-        file_vars(host_files, [name], "host", merged, origins)
+        own_claims: list[tuple[str, str, str]] = []
+        file_vars(host_files, [name], "host", merged, origins, own_claims)
+        if claims and (SERVER_GROUP_VAR in definition.vars or own_claims):
+            claims = ()  # the host's own value settles which server group it is in
         hosts[name] = _build_host(name, merged, origins, group_names, ssh_config, inventory_dir, local_user,
-                                  shown)
+                                  shown, claims)
     # beside the first inventory file; for host lists alone, the one ssh and Ansible use
     known_hosts = (str(Path(files[0]).with_suffix("")) + ".known_hosts" if files
                    else os.path.expanduser("~/.ssh/known_hosts"))
@@ -909,7 +955,8 @@ _FLAG_KEYWORDS = {"-J": "proxyjump", "-i": "identityfile", "-l": "user", "-p": "
 
 
 def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], groups: tuple[str, ...],
-                ssh_config: ssh_resolve.SshConfigFiles, inventory_dir: Path, local_user: str, shown: str) -> Host:
+                ssh_config: ssh_resolve.SshConfigFiles, inventory_dir: Path, local_user: str, shown: str,
+                server_group_claims: tuple[tuple[str, str, str], ...] = ()) -> Host:
     """The host as the inventory says, with the `ssh -G` request Ansible's ssh plugin would make for it
     (destination ansible_host or the name; -o Port/IdentityFile/User/ConnectTimeout from the vars,
     then sglfleet_proxy_jump, then the ssh args); `resolve_hosts` asks OpenSSH once it is selected."""
@@ -978,6 +1025,8 @@ def _build_host(name: str, merged: dict[str, Any], origins: dict[str, Any], grou
         connection=connection,
         notes=tuple(notes),
         ssh_request=request if connection == "ssh" else None,
+        origins={var: _where(origins.get(var)) for var in TRACKED_VARS if var in merged},
+        server_group_claims=server_group_claims,
     )
 
 

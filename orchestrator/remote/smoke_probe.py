@@ -7,8 +7,10 @@ message, the FULL traceback (never cut), SGLang's log lines emitted meanwhile, k
 fields, timings. A failing validation is a successful probe whose document says ok: false.
 
 Validation: on SGLang with `ServerArgs.resolve_once` (0.5.23+) parsing only parses and
-resolve_once validates; older versions validate inside ServerArgs.__post_init__, i.e. during
-prepare_server_args, which is then reported as the validate phase unless argparse itself exited.
+resolve_once validates, then `check_server_args` (which the launch runs next: the parallel sizes
+over --nnodes, multi-node data parallelism, ...); older versions validate inside
+ServerArgs.__post_init__, i.e. during prepare_server_args, which is then reported as the validate
+phase unless argparse itself exited.
 
 --simulate validates inside SGLang's platform override as if on that GPU (SGLang's
 runtime_context.override_platform), adding `--device cuda` as auto-detection on a GPU host would.
@@ -35,7 +37,8 @@ PLATFORMS = {  # GPU -> SGLang override_platform keywords
 FIELDS = ("speculative_algorithm", "speculative_num_draft_tokens", "speculative_dflash_block_size",
           "speculative_ddtree_budget", "speculative_ddtree_topk_cap", "speculative_ddtree_shadow_linear",
           "speculative_ddtree_allow_hybrid_unsafe", "mamba_radix_cache_strategy", "mamba_scheduler_strategy",
-          "mamba_full_memory_ratio", "max_running_requests", "device", "tp_size", "mem_fraction_static")
+          "mamba_full_memory_ratio", "max_running_requests", "device", "tp_size", "mem_fraction_static",
+          "pp_size", "nnodes", "node_rank", "dist_init_addr")
 
 
 class Collect(logging.Handler):
@@ -89,6 +92,10 @@ def probe(request, stream=None):
                     phase = "validate"
                     t = time.monotonic()
                     args.resolve_once()
+                    # what launch_server checks next (the parallel sizes over --nnodes among them)
+                    check = getattr(args, "check_server_args", None)
+                    if check is not None:
+                        check()
                     out["timings"]["validate_s"] = round(time.monotonic() - t, 3)
                 resolved = args.resolved_dict() if hasattr(args, "resolved_dict") else vars(args)
                 out["fields"] = {k: resolved[k] for k in FIELDS if k in resolved}

@@ -102,9 +102,39 @@ class Server(BaseModel):
     model_config = ConfigDict(extra="forbid")
     host: str = Field("127.0.0.1", min_length=1)
     port: int = Field(30000, ge=1, le=65535)
+    # Parallelism of the whole server: tp x pp GPUs over `nodes` hosts (a server group of that
+    # many hosts in the inventory when nodes > 1: fleet/server_groups.py), each rank reaching
+    # rank 0 at its address and dist_init_port (SGLang's --dist-init-addr).
     tp: int = Field(1, ge=1, le=1024)
+    pp: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(1, ge=1, le=1024)
+    dist_init_port: int | None = Field(None, ge=1, le=65535, validate_default=True)
     mem_fraction: float | None = Field(None, gt=0, le=1)
     extra_args: list[str] = []
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, value: int, info: Any) -> int:
+        tp, pp = info.data.get("tp"), info.data.get("pp")
+        if tp is not None and pp is not None and (tp * pp) % value:
+            raise ValueError(f"tp x pp ({tp} x {pp} = {tp * pp} GPUs) must divide evenly over nodes ({value}): "
+                             "every node runs the same number of GPUs (SGLang refuses it too)")
+        return value
+
+    @field_validator("dist_init_port")
+    @classmethod
+    def _dist_init_port(cls, value: int | None, info: Any) -> int | None:
+        nodes = info.data.get("nodes")
+        if nodes is not None and nodes > 1 and value is None:
+            raise ValueError(f"a server over {nodes} nodes needs dist_init_port: the port on rank 0's address "
+                             "where the ranks meet (SGLang's --dist-init-addr RANK0:PORT); every node must reach it")
+        if value is not None and value == info.data.get("port"):
+            raise ValueError(f"dist_init_port {value} is server.port too; rank 0 serves HTTP there")
+        return value
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.tp * self.pp // self.nodes
 
     @field_validator("host")
     @classmethod

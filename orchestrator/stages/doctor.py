@@ -170,7 +170,7 @@ def _used_gpus(profile: Profile | None, found: list[dict[str, Any]]) -> list[dic
     by_index = {g.get("index"): g for g in found}
     if wanted:
         return [by_index[i] for i in wanted if i in by_index]
-    return found[:profile.model.server.tp]
+    return found[:profile.model.server.gpus_per_node]
 
 
 def gpus(profile: Profile | None, src: _Sources | None, facts: dict[str, Any]) -> Check:
@@ -182,14 +182,16 @@ def gpus(profile: Profile | None, src: _Sources | None, facts: dict[str, Any]) -
     if not found:
         return Check("gpus", FAIL, "no NVIDIA GPU visible (nvidia-smi missing or listing none)",
                      "install the NVIDIA driver, or pass the GPUs into this container")
-    tp = profile.model.server.tp if profile else 1
+    server = profile.model.server if profile else None
+    tp = server.gpus_per_node if server else 1  # a multi-node server's GPUs are spread over its nodes
+    what = f"server.tp {server.tp}" + (f" x pp {server.pp} over {server.nodes} nodes: {tp} per node"
+                                       if server and (server.nodes > 1 or server.pp > 1) else "") if server else ""
     used = _used_gpus(profile, found)
     names = ", ".join(sorted({str(g.get("name")) for g in found}))
     if profile and src and len(used) < tp:
-        return Check("gpus", FAIL, f"{len(used)} usable GPU(s) ({names}) for server.tp {tp} "
-                     f"({src('server', 'tp')})",
+        return Check("gpus", FAIL, f"{len(used)} usable GPU(s) ({names}) for {what} ({src('server', 'tp')})",
                      f"lower server.tp to {len(used)}, fix CUDA_VISIBLE_DEVICES in env, or use a host with {tp} GPUs")
-    return Check("gpus", OK, f"{len(found)} x {names}" + (f"; server.tp {tp}" if profile else ""))
+    return Check("gpus", OK, f"{len(found)} x {names}" + (f"; {what}" if profile else ""))
 
 
 def gpu_memory(profile: Profile, src: _Sources, facts: dict[str, Any]) -> Check:

@@ -30,6 +30,7 @@ from ..fleet.inventory import Host
 from ..spec.profile import Profile, with_overrides
 from ..fleet.remote_call import call
 from ..remote import redact
+from .units import Placement
 
 TEMPLATES = data_dir("templates")
 
@@ -73,6 +74,12 @@ class Rendered:
     launcher_source: str = "SGLang (python -m sglang.launch_server)"
     bind: str = "127.0.0.1"
     port: int = 30000
+    placement: Placement | None = None  # its rank in a multi-node server (None: it serves alone)
+
+    @property
+    def rank(self) -> int:
+        """Its --node-rank; 0 also for a server of one node (it serves HTTP either way)."""
+        return self.placement.rank if self.placement else 0
 
     @property
     def argv(self) -> list[str]:
@@ -91,7 +98,8 @@ class Rendered:
                 "bind": self.bind, "port": self.port,
                 "flags": [{"flag": f.name, "values": f.values, "source": f.source} for f in self.flags],
                 "sglang": self.facts["sglang"].get("version"),
-                "model": self.facts.get("model"), "draft": self.facts.get("draft")}
+                "model": self.facts.get("model"), "draft": self.facts.get("draft"),
+                **({"placement": self.placement.to_json()} if self.placement else {})}
 
 
 def environment() -> jinja2.Environment:
@@ -186,10 +194,11 @@ class _Sources:
 
 
 def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: str = "inventory",
-           check_flags: bool = True) -> Rendered:
+           check_flags: bool = True, placement: Placement | None = None) -> Rendered:
     """The launch command and files for `host`. `check_flags=False` skips the check against the
     flags the host's SGLang accepts NOW: deploy renders before it pushes the patchset that adds
-    flags, and the smoke probe then runs SGLang's own parser on the pushed code."""
+    flags, and the smoke probe then runs SGLang's own parser on the pushed code. `placement`: the
+    host's rank in a multi-node server (stages.units), required when the profile's nodes > 1."""
     all_overrides = host.vars.get("sglfleet_profile_overrides") or {}
     where = f"{inventory_path} ({host.name})"
     if not isinstance(all_overrides, dict):
@@ -222,6 +231,7 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
     flags += [Flag("--host", [bind], bind_source),
               Flag("--port", [str(p.server.port)], src("server", "port")),
               Flag("--tp-size", [str(p.server.tp)], src("server", "tp"))]
+    flags += _parallel_flags(host, p, src, placement)
     if p.server.mem_fraction is not None:
         flags.append(Flag("--mem-fraction-static", [str(p.server.mem_fraction)], src("server", "mem_fraction")))
     spec = p.speculative
@@ -246,9 +256,23 @@ def render(host: Host, profile: Profile, facts: dict[str, Any], inventory_path: 
         _check_known(host.name, flags, sglang)
     launcher, launcher_source = _launcher(host, inventory_path)
     rendered = Rendered(host.name, p.name, host.python, flags, dict(p.env), facts, launcher, launcher_source, bind,
-                        p.server.port)
+                        p.server.port, placement if p.server.nodes > 1 else None)
     redact.remember(rendered.command, rendered.env)  # nothing this process prints or stores shows them
     return rendered
+
+
+def _parallel_flags(host: Host, p: Any, src: _Sources, placement: Placement | None) -> list[Flag]:
+    """--pp-size, and for a server over several nodes this rank's --nnodes, --node-rank and
+    --dist-init-addr (every rank gets the same model, tp and pp)."""
+    flags = [Flag("--pp-size", [str(p.server.pp)], src("server", "pp"))] if p.server.pp > 1 else []
+    if p.server.nodes == 1:
+        return flags
+    if placement is None:
+        raise RenderError(f"{host.name}: profile {p.name} runs on {p.server.nodes} nodes ({src('server', 'nodes')}); "
+                          "its ranks are rendered from their server group (sglfleet_server_group)")
+    return flags + [Flag("--nnodes", [str(placement.nodes)], placement.sources.get("--nnodes", src("server", "nodes"))),
+                    Flag("--node-rank", [str(placement.rank)], placement.sources.get("--node-rank", "?")),
+                    Flag("--dist-init-addr", [placement.dist_init_addr], placement.sources.get("--dist-init-addr", "?"))]
 
 
 def _bind(host: Host, p: Any, src: _Sources, inventory_path: str) -> tuple[str, str]:

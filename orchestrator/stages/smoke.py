@@ -18,6 +18,7 @@ from ..fleet.remote_call import call
 from ..spec.profile import Profile
 from . import runs
 from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, mamba_strategy_flag, render, server_facts
+from .units import Placement
 
 PROBE = "smoke_probe.py"
 
@@ -69,11 +70,13 @@ def store(directory: Path, host: str, document: dict[str, Any]) -> None:
         runs.write_text(directory / f"{host}.traceback.txt", probe["traceback"], like=document)
 
 
-def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str | None) -> dict[str, Any]:
-    """Render, then probe, one host (a LocalConnection for --local): the stored document."""
+def smoke_host(conn: Any, profile: Profile, inventory_path: str, simulate: str | None,
+               placement: Placement | None = None) -> dict[str, Any]:
+    """Render, then probe, one host (a LocalConnection for --local): the stored document. A rank
+    of a multi-node server is probed with its own flags (`placement`: --node-rank and the rest)."""
     started = time.monotonic()
     try:
-        rendered = render(conn.host, profile, server_facts(conn, profile), inventory_path)
+        rendered = render(conn.host, profile, server_facts(conn, profile), inventory_path, placement=placement)
     except RenderError as exc:
         return {"ok": False, "phase": "render", "summary": str(exc), "diagnosis": [], "probe": None}
     probe = run_probe(conn, rendered, simulate)
