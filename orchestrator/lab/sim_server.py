@@ -17,9 +17,21 @@
 3. It logs like SGLang, including periodic `Decode batch, ...` lines with accept len / rate
    when speculative decoding is configured, and drains on SIGTERM like SGLang.
 
+4. Multi-node (`--nnodes N`, N > 1): the ranks meet as torch.distributed's TCP store does.
+   Rank 0 listens on --dist-init-addr; every other rank connects to it (retrying) and says its
+   --node-rank. Rank 0 is healthy only once all N-1 ranks joined and loaded; only then does each
+   other rank serve what SGLang's non-zero ranks serve on --host/--port (a dummy health server:
+   /ping, /health, /health_generate, and /metrics with --enable-metrics; nothing else). A rank
+   that cannot connect within SGLFLEET_SIM_DIST_TIMEOUT (s, default 60), and a rank 0 whose
+   ranks did not all join by then, exit 1 with torch's kind of error. The connections stay open
+   as NCCL's do: when any rank exits without rank 0's shutdown (killed, crashed), the others
+   log an NCCL-style error naming it and exit 1. SIGTERM on rank 0 drains, then broadcasts the
+   shutdown, and the other ranks exit 0; SIGTERM on another rank is logged and ignored, as
+   SGLang does (its schedulers stop on rank 0's ShutdownReq only).
+
 Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE_LOG_S
-(default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after
-validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
+(default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_DIST_TIMEOUT (s, default 60),
+SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
 SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
 text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
 generation requests answered 500, spread evenly).
@@ -46,6 +58,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -65,7 +78,8 @@ GPU_FILE = "/var/lib/sglfleet-lab/gpu"
 # Set in the validation child's environment: the fd of the pipe its result goes to.
 RESULT_FD_ENV = "SGLFLEET_SIM_RESULT_FD"
 # The fields of SGLang's ServerArgs the serving process reads (as getattr gives them).
-SERVING_FIELDS = ("model_path", "served_model_name", "host", "port", "enable_metrics")
+SERVING_FIELDS = ("model_path", "served_model_name", "host", "port", "enable_metrics", "nnodes", "node_rank",
+                  "dist_init_addr")
 log = logging.getLogger("sglang")
 
 
@@ -102,6 +116,7 @@ def validate(argv, gpu):
         resolve = getattr(args, "resolve_once", None)
         if resolve is not None:  # 0.5.23; older versions validated in __post_init__
             resolve()
+            args.check_server_args()  # what launch_server checks next (parallel sizes over --nnodes, ...)
     return args
 
 
@@ -170,6 +185,167 @@ def validated_summary(args):
             "version": sglang.__version__}
 
 
+def fatal(message, *args):
+    """Log an error as a rank whose collective failed does, then end the process at once."""
+    log.error(message, *args)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+class Rendezvous:
+    """The ranks of one multi-node server meeting and staying connected (lab simulation of
+    torch.distributed's TCP store and NCCL's liveness; see the module docstring, item 4)."""
+
+    def __init__(self, nnodes, rank, address, on_ready):
+        self.nnodes, self.rank, self.on_ready = nnodes, rank, on_ready
+        host, _, port = (address or "").rpartition(":")
+        if not host or not port.isdigit():
+            fatal("ValueError: --dist-init-addr %r is not HOST:PORT (needed with --nnodes %d)", address, nnodes)
+        self.address = (host.strip("[]"), int(port))
+        self.timeout = env_float("SGLFLEET_SIM_DIST_TIMEOUT", 60.0)
+        self.lock = threading.Lock()
+        self.peers = {}          # rank 0: node rank -> its connection
+        self.loaded = set()      # rank 0: the ranks whose load is done (its own included)
+        self.leaving = False     # this process is ending on purpose: a closed connection is no error
+        self.conn = None         # another rank: its connection to rank 0
+
+    def start(self):
+        target = self._host if self.rank == 0 else self._join
+        threading.Thread(target=target, daemon=True).start()
+
+    # ------------------------------------------------------------ rank 0
+    def _host(self):
+        listener = socket.socket(socket.AF_INET6 if ":" in self.address[0] else socket.AF_INET)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(self.address)
+        except OSError as exc:
+            fatal("torch.distributed.DistNetworkError: The server socket has failed to listen on %s:%d: %s",
+                  self.address[0], self.address[1], exc)
+        listener.listen(self.nnodes)
+        listener.settimeout(0.5)
+        log.info("[dist] node rank 0 of %d: waiting for %d rank(s) on %s:%d (lab simulation of "
+                 "torch.distributed's TCP store)", self.nnodes, self.nnodes - 1, *self.address)
+        deadline = time.monotonic() + self.timeout
+        while len(self.peers) < self.nnodes - 1:
+            if time.monotonic() > deadline:
+                fatal("torch.distributed.DistStoreError: Timed out after %d seconds waiting for clients. %d/%d "
+                      "clients joined.", self.timeout, len(self.peers), self.nnodes - 1)
+            try:
+                conn, peer = listener.accept()
+            except socket.timeout:
+                continue
+            conn.settimeout(10)
+            try:
+                line = conn.makefile("r").readline().split()
+            except OSError:
+                line = []
+            conn.settimeout(None)
+            rank = int(line[1]) if len(line) == 2 and line[0] == "join" and line[1].isdigit() else None
+            why = ("not a rank's greeting" if rank is None else
+                   "node rank %d is not in 1..%d" % (rank, self.nnodes - 1) if not 0 < rank < self.nnodes else
+                   "node rank %d joined twice" % rank if rank in self.peers else None)
+            if why:
+                log.error("[dist] refused a connection from %s: %s", peer[0], why)
+                try:
+                    conn.sendall(("error %s\n" % why).encode())
+                finally:
+                    conn.close()
+                continue
+            with self.lock:
+                self.peers[rank] = conn
+            log.info("[dist] node rank %d joined from %s (%d/%d)", rank, peer[0], len(self.peers), self.nnodes - 1)
+            threading.Thread(target=self._watch_peer, args=(rank, conn), daemon=True).start()
+        listener.close()
+        log.info("[dist] all %d node ranks joined: NCCL communicator initialized (lab simulation)", self.nnodes)
+        self._check_ready()
+
+    def _watch_peer(self, rank, conn):
+        for line in conn.makefile("r"):
+            if line.strip() == "loaded":
+                with self.lock:
+                    self.loaded.add(rank)
+                self._check_ready()
+        if not self.leaving:
+            fatal("[rank0]: torch.distributed.DistBackendError: NCCL error: remote process exited or there was a "
+                  "network error: node rank %d closed its connection (lab simulation of ncclRemoteError); the "
+                  "collective cannot complete, exiting", rank)
+
+    def _check_ready(self):
+        with self.lock:
+            ready = len(self.peers) == self.nnodes - 1 and len(self.loaded) == self.nnodes
+            peers = list(self.peers.values()) if ready else []
+        for conn in peers:
+            conn.sendall(b"ready\n")
+        if ready:
+            self.on_ready()
+
+    def loaded_here(self):
+        """This rank's own load is done."""
+        if self.rank == 0:
+            with self.lock:
+                self.loaded.add(0)
+            self._check_ready()
+        else:
+            with self.lock:  # sent now, or by _join once connected (exactly once either way)
+                self.loaded.add(self.rank)
+                if self.conn is not None:
+                    self.conn.sendall(b"loaded\n")
+
+    def shutdown(self):
+        """Rank 0 ends on purpose (after its drain): the other ranks stop on its ShutdownReq."""
+        self.leaving = True
+        with self.lock:
+            peers = dict(self.peers)
+        for rank, conn in peers.items():
+            try:
+                conn.sendall(b"shutdown\n")
+                conn.close()
+            except OSError:
+                pass
+        if peers:
+            log.info("[dist] ShutdownReq sent to node rank(s) %s", ", ".join(str(r) for r in sorted(peers)))
+
+    # ------------------------------------------------------------ the other ranks
+    def _join(self):
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn = socket.create_connection(self.address, timeout=2)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    fatal("torch.distributed.DistNetworkError: The client socket has timed out after %dms while "
+                          "trying to connect to (%s, %d): %s", self.timeout * 1000, self.address[0],
+                          self.address[1], exc)
+                time.sleep(0.25)
+        conn.settimeout(None)
+        conn.sendall(("join %d\n" % self.rank).encode())
+        with self.lock:
+            self.conn = conn
+            if self.rank in self.loaded:
+                conn.sendall(b"loaded\n")
+        log.info("[dist] node rank %d of %d: connected to rank 0 at %s:%d", self.rank, self.nnodes, *self.address)
+        for line in conn.makefile("r"):
+            word = line.strip()
+            if word == "ready":
+                self.on_ready()
+            elif word == "shutdown":
+                self.leaving = True
+                log.info("Received ShutdownReq from node rank 0: the schedulers stop; exiting")
+                logging.shutdown()
+                sys.stdout.flush()
+                os._exit(0)
+            elif word.startswith("error"):
+                fatal("torch.distributed.DistStoreError: rank 0 refused node rank %d: %s", self.rank, word[6:])
+        if not self.leaving:
+            fatal("[rank%d]: torch.distributed.DistBackendError: NCCL error: remote process exited or there was a "
+                  "network error: node rank 0 closed its connection (lab simulation of ncclRemoteError); the "
+                  "collective cannot complete, exiting", self.rank)
+
+
 class SimServer:
     def __init__(self, validated, gpu, argv):
         self.args = SimpleNamespace(**validated["fields"])
@@ -187,6 +363,11 @@ class SimServer:
         self.spec = tuple(validated["spec"]) if validated["spec"] else None
         self.hybrid = validated["hybrid"]
         self.httpd = None
+        self.nnodes = int(getattr(self.args, "nnodes", 1) or 1)
+        self.rank = int(getattr(self.args, "node_rank", 0) or 0)
+        self.rendezvous = Rendezvous(self.nnodes, self.rank, getattr(self.args, "dist_init_addr", None),
+                                     self.become_ready) if self.nnodes > 1 else None
+        self.ready_event = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
     def load(self):
@@ -197,9 +378,22 @@ class SimServer:
         time.sleep(env_float("SGLFLEET_SIM_LOAD_DELAY", 3.0))
         log.info("Load weight end. type=%s, dtype=torch.bfloat16, avail mem=85.10 GB, mem usage=53.90 GB.",
                  self.args.model_path)
+        if self.rendezvous is not None:
+            self.rendezvous.loaded_here()  # ready once every rank is (Rendezvous calls become_ready)
+        else:
+            self.become_ready()
+
+    def become_ready(self):
         with self.lock:
+            if self.ready:
+                return
             self.ready = True
-        log.info("The server is fired up and ready to roll!")
+        self.ready_event.set()
+        if self.rank == 0:
+            log.info("The server is fired up and ready to roll!")
+        else:
+            log.info("node rank %d: schedulers ready; dummy health check server on %s:%s (non-zero ranks serve no "
+                     "API)", self.rank, self.args.host, self.args.port)
 
     def crash_timer(self):
         delay = env_float("SGLFLEET_SIM_CRASH_AFTER", 0.0)
@@ -236,6 +430,14 @@ class SimServer:
                      "#queue-req: 0", running, part, spec, self.throughput())
 
     def on_sigterm(self, signum, frame):
+        if self.rank > 0 and not self.ready:  # SGLang installs its handler once the schedulers are ready
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if self.rank > 0:  # as SGLang: only rank 0's ShutdownReq stops a non-zero rank's schedulers
+            log.warning("SIGTERM received on node_rank %d; waiting for the rank-0 ShutdownReq broadcast to stop "
+                        "the schedulers.", self.rank)
+            return
         with self.lock:
             self.draining = True
         threading.Thread(target=self.drain, daemon=True).start()
@@ -250,6 +452,8 @@ class SimServer:
             log.info("Gracefully exiting... Remaining number of requests %d", remaining)
             time.sleep(interval)
         log.info("Gracefully exiting... Remaining number of requests 0")
+        if self.rendezvous is not None:
+            self.rendezvous.shutdown()
         self.httpd.shutdown()
 
     def serve(self):
@@ -269,9 +473,21 @@ class SimServer:
             def do_POST(self):
                 server.handle(self, "POST")
 
+        signal.signal(signal.SIGTERM, self.on_sigterm)
+        if self.rendezvous is not None:
+            self.rendezvous.start()
+        if self.rank > 0:  # a non-zero rank listens only once the group is up, and serves health only
+            for target in (self.load, self.crash_timer):
+                threading.Thread(target=target, daemon=True).start()
+            self.ready_event.wait()
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+            self.httpd.daemon_threads = True
+            log.info("Dummy health check server started at %s:%d (lab simulation, node rank %d)", host, port,
+                     self.rank)
+            self.httpd.serve_forever()
+            return 0
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
-        signal.signal(signal.SIGTERM, self.on_sigterm)
         for target in (self.load, self.crash_timer, self.decode_logger):
             threading.Thread(target=target, daemon=True).start()
         log.info("Uvicorn running on http://%s:%d (lab simulation of SGLang, GPU %s)", host, port, self.gpu)
@@ -299,6 +515,11 @@ class SimServer:
             ("GET", "/v1/loads"): self.loads, ("GET", "/metrics"): self.metrics,
             ("POST", "/generate"): self.generate, ("POST", "/v1/chat/completions"): self.chat,
         }
+        if self.rank > 0:  # SGLang's dummy health check server on a non-zero rank
+            routes = {("GET", "/ping"): lambda p: (200, ""), ("GET", "/health"): lambda p: (200, ""),
+                      ("GET", "/health_generate"): lambda p: (200, "")}
+            if getattr(self.args, "enable_metrics", False):
+                routes[("GET", "/metrics")] = lambda p: (200, "# lab simulation: node rank %d\n" % self.rank)
         route = routes.get((method, path))
         if route is None:
             return self.reply(request, 404, {"error": "not found: %s %s" % (method, path)})
