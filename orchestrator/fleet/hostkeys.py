@@ -11,10 +11,9 @@ import os
 import threading
 from pathlib import Path
 
-import paramiko
-from paramiko.hostkeys import HostKeyEntry, HostKeys
-
 from ..errors import ConfigError, HostKeyError
+from .ssh_library import paramiko
+from paramiko.hostkeys import HostKeyEntry, HostKeys  # noqa: E402  (paramiko comes from ssh_library)
 
 _write_lock = threading.Lock()
 

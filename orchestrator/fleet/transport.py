@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-import paramiko
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import ConfigError, ConnectError, HostKeyError, LoopbackOnlyError
 from .hostkeys import KnownHosts, changed_key_error, make_policy
 from .inventory import Host, resolve_hosts
 from .safety import check_target, loopback_only
+from .ssh_library import paramiko
 from .ssh_resolve import DEFAULT_CONNECT_TIMEOUT, SshEndpoint, parse_jump
 
 # The first line of stdout of every command is this marker with the remote shell's pid.

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from ..errors import ConfigError
 
@@ -165,6 +164,8 @@ def load_model(path: str | Path, schema: Any, what: str) -> tuple[Any, SourceMap
     data = load_yaml(path, shown)
     if not isinstance(data, SourceMap):
         raise ConfigError(f"{what} must be a mapping", shown, 1)
+    from pydantic import ValidationError  # here: the inventory reads YAML too, and never validates a model
+
     try:
         return schema.model_validate(data), data
     except ValidationError as exc:

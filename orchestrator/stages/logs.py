@@ -33,10 +33,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import paramiko
 
 from ..errors import ConfigError, ConnectError, RemoteError
 from ..fleet.remote_call import call
+from ..fleet.ssh_library import paramiko
 from . import runs
 
 SCRIPT = "logs.py"
