@@ -97,12 +97,18 @@ def test_task_exception_is_contained(inventory):
     assert results.exit_code == 1
 
 
-def test_connection_shared_by_tasks_of_one_run(inventory):
-    with Group.from_inventory(inventory, "ct129") as group:
-        group.run(lambda c: c.run("true"))
-        first = group.connections["ct129"].transport
-        group.run(lambda c: c.run("true"))
-        assert group.connections["ct129"].transport is first
+def test_one_connection_per_host_for_every_step_of_its_task_closed_when_the_task_ends(inventory):
+    def task(conn):
+        first = conn.transport
+        conn.run("true")
+        conn.run("true")
+        return conn.transport is first and first.is_active()
+
+    with Group.from_inventory(inventory, "ct129,ct130") as group:
+        results = group.run(task)
+        assert all(r.value is True for r in results.values())
+        # a finished host's connection is not kept until the last host is done
+        assert all(not c._clients for c in group.connections.values())
 
 
 def test_run_command_cli_exit_codes(lab):

@@ -164,6 +164,9 @@ class Group:
                 result = HostResult(host.name, True, value, None, time.monotonic() - started)
         finally:
             _current.group = None
+            # Done with this host: its connection goes now, not when the last host is done (an idle
+            # paramiko transport is a thread that wakes ten times a second, and holds its buffers).
+            conn.close()
         self._emit(host.name, "ok" if result.ok else "failed", result.error or "")
         return result
 

@@ -21,6 +21,7 @@ import dataclasses
 import io
 import os
 import re
+import select
 import shlex
 import socket
 import tarfile
@@ -158,12 +159,14 @@ class Connection:
         client.set_missing_host_key_policy(make_policy(self.policy_name, self.known_hosts))
         # ssh skips identity files that do not exist; paramiko would fail on them
         keys = [f for f in endpoint.identity_files if os.path.isfile(f)]
+        # The first key comes read already (paramiko tries `pkey`, then each file in order).
+        first = private_key(keys[0]) if keys else None
         try:
             # hostname names the key (HostKeyAlias, [host]:port); the socket is already there
             # (paramiko names it [host]:port off port 22; a HostKeyAlias is used as it is, as ssh does)
             client.connect(endpoint.host_key_alias or endpoint.address,
                            22 if endpoint.host_key_alias else endpoint.port, endpoint.user, sock=sock,
-                           key_filename=keys or None, look_for_keys=False,
+                           pkey=first, key_filename=(keys[1:] if first else keys) or None, look_for_keys=False,
                            allow_agent=endpoint.use_agent and not endpoint.identities_only,
                            timeout=timeout, banner_timeout=timeout, auth_timeout=timeout)
         except BaseException:
@@ -266,18 +269,20 @@ class Connection:
         started = time.monotonic()
         channel.exec_command(wrapped)
         writer = StreamWriter(channel.sendall)
-        # Blocking reader threads, one per stream: no polling, so many hosts at once cost
-        # no CPU while they wait.
-        stdout, stderr = _StreamReader(channel.recv), _StreamReader(channel.recv_stderr)
-        threads = [threading.Thread(target=_feed_stdin, args=(channel, writer, stdin), daemon=True),
-                   threading.Thread(target=stdout.read_all, daemon=True),
-                   threading.Thread(target=stderr.read_all, daemon=True)]
-        for thread in threads:
-            thread.start()
+        # stdin is fed by a thread of its own (a large stdin must not wait for the output to be
+        # read); without stdin the write side is closed at once and no thread starts. Both output
+        # streams are read by this thread, woken by the channel's readiness pipe: no polling, so
+        # many hosts at once cost no CPU while they wait, and no reader threads (each is a thread
+        # start, and one more thread contending for the GIL on every packet of every host).
+        feeder = None
+        if stdin is None:
+            _shut_write(channel)
+        else:
+            feeder = threading.Thread(target=_feed_stdin, args=(channel, writer, stdin), daemon=True)
+            feeder.start()
         deadline = None if timeout is None else started + timeout
-        for thread in threads[1:]:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        timed_out = any(t.is_alive() for t in threads[1:])
+        stdout, stderr = bytearray(), bytearray()
+        timed_out = not _read_streams(channel, stdout, stderr, deadline)
         if timed_out:
             self._kill_group(_pgid(stdout))
             channel.close()
@@ -285,9 +290,9 @@ class Connection:
         else:
             exit_code = channel.recv_exit_status()
             channel.close()
-        for thread in threads:
-            thread.join(timeout=5)
-        return CommandResult(self.host.name, command, exit_code, _strip_header(stdout.data), bytes(stderr.data),
+        if feeder is not None:
+            feeder.join(timeout=5)
+        return CommandResult(self.host.name, command, exit_code, _strip_header(stdout), bytes(stderr),
                              time.monotonic() - started, timed_out, writer.count)
 
     def _kill_group(self, pgid: int | None) -> None:
@@ -316,6 +321,30 @@ class Connection:
         result = self.run(f"mkdir -p {dest} && tar -x -f - -C {dest} --no-same-owner",
                           stdin=write_tar, timeout=timeout)
         return PushResult(files, result.stdin_bytes, result.duration, remote_dir, result)
+
+
+_private_keys: dict[tuple[str, int, int, int], Any] = {}  # (path, inode, mtime, size) -> PKey or None
+_private_keys_lock = threading.Lock()
+
+
+def private_key(path: str) -> paramiko.PKey | None:
+    """The private key in `path`, read once per command while the file stays the same (paramiko
+    reads and parses a key file on every connection, trying each key type in turn); a certificate
+    beside it (`path-cert.pub`) is loaded with it, as paramiko does. None when it cannot be read
+    without help (a passphrase, a format paramiko does not know): the file then goes to paramiko
+    as it is, which tries it and reports it as before."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    version = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+    with _private_keys_lock:
+        if version not in _private_keys:
+            try:
+                _private_keys[version] = paramiko.PKey.from_path(path)
+            except Exception:  # paramiko's own errors, ValueError/TypeError from cryptography
+                _private_keys[version] = None
+        return _private_keys[version]
 
 
 def _resolved(host: Host) -> Host:
@@ -418,29 +447,46 @@ def _feed_stdin(channel: paramiko.Channel, writer: StreamWriter, stdin: StdinTyp
     except (OSError, EOFError, paramiko.SSHException):
         pass  # the remote side closed early; its exit status and stderr say why
     finally:
-        try:
-            channel.shutdown_write()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
+        _shut_write(channel)
 
 
-class _StreamReader:
-    """Reads one channel stream to EOF into memory (no cap: callers asked for everything)."""
-
-    def __init__(self, recv: Callable[[int], bytes]):
-        self.recv = recv
-        self.data = bytearray()
-
-    def read_all(self) -> None:
-        try:
-            while chunk := self.recv(_CHUNK):
-                self.data += chunk
-        except (OSError, EOFError, paramiko.SSHException):
-            pass  # channel closed under us (timeout kill); keep what arrived
+def _shut_write(channel: paramiko.Channel) -> None:
+    try:
+        channel.shutdown_write()
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
 
 
-def _pgid(reader: _StreamReader) -> int | None:
-    line, newline, _ = bytes(reader.data[:64]).partition(b"\n")
+def _read_streams(channel: paramiko.Channel, stdout: bytearray, stderr: bytearray, deadline: float | None) -> bool:
+    """Read both output streams of a channel to EOF (no cap: callers asked for everything); False
+    when the deadline came first. Waits in poll() on the channel's pipe, which paramiko sets while
+    either stream has data, and for good once the channel is at EOF or closed."""
+    waiter = select.poll()
+    waiter.register(channel.fileno(), select.POLLIN)
+    streams = [(channel.recv_ready, channel.recv, stdout), (channel.recv_stderr_ready, channel.recv_stderr, stderr)]
+    try:
+        while streams:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            if not waiter.poll(None if remaining is None else max(1, int(remaining * 1000))):
+                continue
+            ended = channel.eof_received or channel.closed
+            for stream in list(streams):
+                ready, recv, data = stream
+                while ready() or ended:  # at EOF recv returns what is left, then b"", without waiting
+                    chunk = recv(_CHUNK)
+                    if not chunk:
+                        streams.remove(stream)
+                        break
+                    data += chunk
+    except (OSError, EOFError, paramiko.SSHException):
+        pass  # channel closed under us; keep what arrived
+    return True
+
+
+def _pgid(stdout: bytearray) -> int | None:
+    line, newline, _ = bytes(stdout[:64]).partition(b"\n")
     if newline and line.startswith(_PGID_MARKER):
         return int(line[len(_PGID_MARKER):])
     return None
