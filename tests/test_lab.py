@@ -13,6 +13,7 @@ from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
 from .conftest import TEST_LAB_DIR
+from .polling import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -111,3 +112,31 @@ def test_a_run_takes_down_only_the_labs_of_runs_that_are_gone(tmp_path):
         (tmp_path / name).mkdir()
     assert [p.name for p in stale_run_labs(tmp_path)] == sorted(
         [f"{RUN_LAB_PREFIX}{proc.pid}", f"{RUN_LAB_PREFIX}{proc.pid}-logs", f"{RUN_LAB_PREFIX}{proc.pid}-logs-inventory"])
+
+
+def test_addresses_go_on_in_the_next_subnets_and_a_lab_past_the_last_is_refused(tmp_path):
+    from orchestrator.errors import ConfigError
+    from orchestrator.lab.manager import Lab, host_address
+
+    assert [host_address(i, "127.0.8") for i in (0, 253, 254, 507, 508, 999)] == [
+        "127.0.8.1", "127.0.8.254", "127.0.9.1", "127.0.9.254", "127.0.10.1", "127.0.11.238"]
+    lab = Lab(state_dir=TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-too-far"), inventory_path=tmp_path / "lab.yaml",
+              subnet="127.0.254")
+    with pytest.raises(ConfigError, match="would need subnets up to 127.0.256"):
+        lab.up(600)
+    assert not lab.state_file.exists() and not (tmp_path / "lab.yaml").exists()
+
+
+def test_pid_1_is_the_perl_reaper_and_knobs_pulled_back_to_back_both_act(lab, inventory):
+    name = lab.hosts()[-1].name
+    pid = lab.init_pid(lab._host(name))
+    assert os.readlink(f"/proc/{pid}/exe") == "/usr/bin/perl"
+    assert open(f"/proc/{pid}/cmdline", "rb").read().startswith(b"hostinit.py (its Perl reaper)")
+    for _ in range(3):  # a start sent while the stop still waited for sshd to exit was lost once
+        lab.stop_sshd(name)
+        lab.start_sshd(name)
+    with connect(inventory, name) as conn:
+        # an orphan (its parent, the shell, is gone at once) is reaped by PID 1 when it exits
+        orphan = conn.run("sh -c 'sleep 0.2 & echo $!'").stdout.strip().decode()
+        gone = wait_for(lambda: conn.run(f"test -e /proc/{orphan}").exit_code == 1, timeout=10)
+    assert gone, f"orphan {orphan} is still there (a zombie PID 1 did not reap?)"

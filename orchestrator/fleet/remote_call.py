@@ -77,8 +77,10 @@ def command_line(interpreter: str, script: str, command: str, fallback_python: b
     argv = " ".join(shlex.quote(a) for a in ("-c", BOOT, script, command))
     if not fallback_python:
         return f"{shlex.quote(interpreter)} {argv}{SIGNAL_REPORT}"
-    # The configured interpreter may be missing: run with python3 and tell the script so.
-    return (f"if p=$(command -v {shlex.quote(interpreter)}); then \"$p\" {argv}; "
+    # The configured interpreter may be missing: run with python3 and tell the script so. (No
+    # $(...): a subshell is a fork on every host for every call.)
+    quoted = shlex.quote(interpreter)
+    return (f"if command -v {quoted} >/dev/null; then {quoted} {argv}; "
             f"else python3 {argv} --interpreter-missing; fi{SIGNAL_REPORT}")
 
 

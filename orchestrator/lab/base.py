@@ -19,6 +19,7 @@ The venv is built at its real path: a private mount namespace binds the build di
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -100,8 +101,7 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
         (bin_dir / name).write_text(f"#!{interpreter}\n" + text)
         (bin_dir / name).chmod(0o755)
     query = GPU_QUERY
-    rendered = subprocess.run([sys.executable, str(IMAGE / "nvidia_smi.py"), *query], capture_output=True,
-                              text=True, check=True, env={**os.environ, "SGLFLEET_LAB_GPU": gpu}).stdout
+    rendered = _rendered_gpu_query(gpu)
     (bin_dir / "nvidia-smi").write_text(
         "#!/bin/sh\n# sglfleet lab simulation of nvidia-smi (see nvidia-smi.py beside it).\n"
         f'if [ "$*" = {shlex.quote(" ".join(query))} ]; then\n'
@@ -119,6 +119,16 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
         "fi\n"
         'exec /usr/bin/date "$@"\n')
     (bin_dir / "date").chmod(0o755)
+
+
+@functools.lru_cache(maxsize=None)
+def _rendered_gpu_query(gpu: str) -> str:
+    """The stand-in's answer to facts' query for this GPU (one Python run per GPU kind, not per host:
+    `lab up` of 1,000 hosts started 1,000 interpreters for it)."""
+    from ..remote.hostlib import GPU_QUERY
+
+    return subprocess.run([sys.executable, str(IMAGE / "nvidia_smi.py"), *GPU_QUERY], capture_output=True,
+                          text=True, check=True, env={**os.environ, "SGLFLEET_LAB_GPU": gpu}).stdout
 
 
 def _build_venv(root_upper: Path, log) -> None:

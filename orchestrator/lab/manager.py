@@ -1,7 +1,8 @@
 """The local lab: simulated GPU hosts, each a real sshd in its own namespaces.
 
 Host N (ct129, ct130, ...) listens on 127.0.1.N:22 and runs in its own mount, pid and
-uts namespaces. It sees the real filesystem, except that /root, /var/lib, /var/log and
+uts namespaces. A subnet holds 254 hosts; a larger lab goes on in the next ones (the 255th host
+is 127.0.2.1), up to MAX_HOSTS. It sees the real filesystem, except that /root, /var/lib, /var/log and
 /etc/systemd are overlays (a shared read-only base + the real directory underneath, with
 a per-host upper layer) and /tmp and /var/tmp are its own. So /root/ml-env, /root/models and
 the state dir (remote/hostlib.STATE_DIR) have the same paths as on a real host but differ per host.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,7 +39,8 @@ from ..errors import ConfigError, SglfleetError
 from . import base as lab_base
 
 FIRST_HOST_NUMBER = 129
-MAX_HOSTS = 254
+HOSTS_PER_SUBNET = 254
+MAX_HOSTS = 8 * HOSTS_PER_SUBNET  # the scale benchmark's 1,000 need four subnets
 SSHD = "/usr/sbin/sshd"
 HOSTINIT = Path(__file__).with_name("hostinit.py")
 SYSTEMD_BOOT = Path(__file__).with_name("systemd_boot.py")
@@ -79,7 +82,9 @@ def default_subnet() -> str:
 
 
 def host_address(index: int, subnet: str = "127.0.1") -> str:
-    return f"{subnet}.{index + 1}"
+    """Host `index`'s address: .1 to .254 of the subnet, then of the subnets after it."""
+    prefix, third = subnet.rsplit(".", 1)
+    return f"{prefix}.{int(third) + index // HOSTS_PER_SUBNET}.{index % HOSTS_PER_SUBNET + 1}"
 
 
 @dataclass
@@ -104,7 +109,9 @@ class HostStatus:
 
 class Lab:
     def __init__(self, state_dir: Path | None = None, inventory_path: Path | None = None,
-                 subnet: str | None = None):
+                 subnet: str | None = None, cgroup: bool = False):
+        """`cgroup`: plain hosts run in one cgroup of the lab's own (`cpu_seconds`: what the hosts
+        cost this machine's cores, for the benchmarks), when this machine has cgroup v2."""
         self.state_dir = Path(state_dir or default_state_dir())
         resolved = self.state_dir.resolve()
         for shadowed in OVERLAY_TARGETS + ("/tmp",):
@@ -113,8 +120,10 @@ class Lab:
                                     f"host replaces with its own copy; choose another SGLFLEET_LAB_DIR "
                                     f"(default /var/cache/sglfleet/lab)")
         self.subnet = subnet or default_subnet()
-        if not self.subnet.startswith("127.") or self.subnet.count(".") != 2:
+        if not re.fullmatch(r"127\.\d{1,3}\.\d{1,3}", self.subnet) or int(self.subnet.split(".")[1]) > 255 \
+                or int(self.subnet.split(".")[2]) > 255:
             raise SglfleetError(f"lab subnet must look like 127.X.Y (loopback only), got '{self.subnet}'")
+        self.cgroup = _cgroup2_mount() is not None and cgroup
         self.inventory_path = Path(inventory_path or Path("inventory") / "lab.yaml")
         self.known_hosts_path = self.inventory_path.with_suffix(".known_hosts")
         self.key_path = self.state_dir / "id_ed25519"
@@ -161,6 +170,11 @@ class Lab:
         go into the inventory's `all` vars (e.g. the lab router's sglfleet_router_url)."""
         if not 1 <= count <= MAX_HOSTS:
             raise ConfigError(f"--hosts must be between 1 and {MAX_HOSTS}, got {count}")
+        last_subnet = int(self.subnet.rsplit(".", 1)[1]) + (count - 1) // HOSTS_PER_SUBNET
+        if last_subnet > 255:
+            raise ConfigError(f"{count} lab hosts from subnet {self.subnet} would need subnets up to "
+                              f"{self.subnet.rsplit('.', 1)[0]}.{last_subnet}; choose a lower third number "
+                              f"(each subnet holds {HOSTS_PER_SUBNET} hosts)")
         if not 0 <= systemd <= count:
             raise ConfigError(f"--systemd must be between 0 and --hosts ({count}), got {systemd}")
         self.check_prerequisites()
@@ -170,6 +184,8 @@ class Lab:
         base = lab_base.ensure_base()
         self._ensure_client_key()
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
+        if self.cgroup:
+            self.cgroup_path.mkdir(exist_ok=True)
 
         running = {h.name: h for h in self.hosts() if self.init_pid(h) is not None}
         hosts: list[LabHost] = []
@@ -254,10 +270,12 @@ class Lab:
         }
         (hdir / "init.json").write_text(json.dumps(config, indent=2))
         log = open(hdir / "init.log", "ab")
+        procs = self.cgroup_path / "cgroup.procs"
         proc = subprocess.Popen(
             ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
              sys.executable, str(HOSTINIT), str(hdir / "init.json")],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if self.cgroup else None)
         log.close()
         return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu)
 
@@ -316,6 +334,17 @@ class Lab:
             preexec_fn=lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid())))
         log.close()
         return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu, kind="systemd")
+
+    @property
+    def cgroup_path(self) -> Path:
+        """The cgroup of this lab's plain hosts (Lab(cgroup=True))."""
+        return Path(_cgroup2_mount() or "/sys/fs/cgroup") / f"sglfleet-lab-{self.subnet.replace('.', '-')}"
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds (user + sys) the plain hosts of this lab have used since `up`: sshd, their
+        shells and Python, whatever a command runs there."""
+        stat = dict(line.split() for line in (self.cgroup_path / "cpu.stat").read_text().splitlines())
+        return (int(stat["user_usec"]) + int(stat["system_usec"])) / 1e6
 
     def _cgroup_path(self, name: str) -> Path:
         return Path(_cgroup2_mount() or "/sys/fs/cgroup") / f"sglfleet-lab-{self.subnet.replace('.', '-')}-{name}"
@@ -426,6 +455,7 @@ class Lab:
         for host in hosts:
             if host.kind == "systemd":
                 _remove_cgroup(self._cgroup_path(host.name))
+        _remove_cgroup(self.cgroup_path)
         shutil.rmtree(self.state_dir / "hosts", ignore_errors=True)
         self.state_file.unlink(missing_ok=True)
         self.inventory_path.unlink(missing_ok=True)
