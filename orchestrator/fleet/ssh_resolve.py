@@ -26,6 +26,7 @@ config file:line ssh took it from (the first applied Host/Match block that sets 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from ..errors import ConfigError
+from . import ssh_alike
 from .safety import loopback_only
 
 # The ssh client's default when nothing sets ConnectTimeout (sglfleet's, as before).
@@ -151,12 +153,19 @@ class SshEndpoint:
 
 
 def ssh_binary() -> str:
-    found = shutil.which("ssh")
+    found = _which_ssh(os.environ.get("PATH"))
     if found is None:
         raise ConfigError("OpenSSH's ssh client is not installed; sglfleet asks it (ssh -G) how to reach each "
                           "host from your ssh config. Install it: apt-get install openssh-client (`make setup` "
                           "does)")
     return found
+
+
+@functools.lru_cache(maxsize=8)
+def _which_ssh(path: str | None) -> str | None:
+    """ssh on this PATH, looked for once (every answer's cache key names it: 1,000 hosts looked it up
+    2,000 times, half a second of CPU)."""
+    return shutil.which("ssh", path=path)
 
 
 def _home() -> str:
@@ -173,10 +182,15 @@ _now: dict[tuple, Any] = {}  # files -> their stamp now, taken once per selectio
 
 def _unchanged(files: Sequence[str], stamp: Any) -> bool:
     """Whether these config files (and folders) still have the mtimes and sizes of `stamp`."""
+    return _stamp_now(files) == stamp
+
+
+def _stamp_now(files: Sequence[str]) -> Any:
+    """The files' stamp (as JSON keeps it), taken once per selection."""
     key = tuple(files)
     if key not in _now:
         _now[key] = json.loads(json.dumps(_stamp(files)))
-    return _now[key] == stamp
+    return _now[key]
 
 
 def _stamp(paths: Iterable[str]) -> tuple:
@@ -216,7 +230,8 @@ class _DiskCache:
     here depends on nothing else (an answer that met a Match exec is never kept)."""
 
     KEYS = frozenset(("host", "hostname", "port", "user", "identityfile", "identitiesonly", "identityagent",
-                      "proxyjump", "proxycommand", "connecttimeout", "hostkeyalias"))
+                      "proxyjump", "proxycommand", "connecttimeout", "hostkeyalias", "canonicalizehostname"))
+    VERSION = 3
     LIMIT = 20000  # answers kept; the oldest go first
 
     def __init__(self) -> None:
@@ -243,7 +258,7 @@ class _DiskCache:
                 try:
                     with open(self.path, encoding="utf-8") as fh:
                         loaded = json.load(fh)
-                    if isinstance(loaded, dict) and loaded.get("version") == 2:
+                    if isinstance(loaded, dict) and loaded.get("version") == self.VERSION:
                         self.entries, self.filesets = loaded["entries"], loaded["filesets"]
                 except (OSError, ValueError, KeyError):
                     pass  # no cache, or a broken one: ssh answers again
@@ -261,7 +276,7 @@ class _DiskCache:
         if run.exec_ran or run.match_exec or not self.path:
             return
         fileset = hashlib.sha256(json.dumps(run.files_read).encode()).hexdigest()[:16]
-        stamp = json.loads(json.dumps(_stamp(run.files_read)))
+        stamp = _stamp_now(run.files_read)
         with self.lock:
             self._load()[key] = {"values": {k: v for k, v in run.values.items() if k in self.KEYS},
                                  "fileset": fileset, "segments": run.segments}
@@ -281,7 +296,9 @@ class _DiskCache:
                 os.makedirs(os.path.dirname(self.path), exist_ok=True)
                 tmp = f"{self.path}.{os.getpid()}.tmp"
                 with open(tmp, "w", encoding="utf-8") as fh:
-                    json.dump({"version": 2, "entries": self.entries, "filesets": self.filesets}, fh)
+                    # dumps, not dump: json.dump writes through the pure-Python encoder (0.6 s of CPU
+                    # for a cache of 1,600 answers), dumps through the C one
+                    fh.write(json.dumps({"version": self.VERSION, "entries": self.entries, "filesets": self.filesets}))
                 os.replace(tmp, self.path)
             except OSError:
                 pass  # a read-only home: answers are not kept, nothing else changes
@@ -290,13 +307,28 @@ class _DiskCache:
 _disk = _DiskCache()
 
 
-def _run_ssh_g(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> _Run:
+def _ssh_g_argv(destination: str, options: Sequence[str], files: SshConfigFiles) -> list[str]:
     # Under the loopback guard names are never looked up in DNS: CanonicalizeHostname would have
     # ssh -G ask it (the first value wins, so this one does).
     guard = ("-o", "CanonicalizeHostname=no") if loopback_only() else ()
-    argv = [ssh_binary(), "-G", "-vvv", *files.args, *guard, *options, "--", destination]
-    key = _disk.key(argv, match_exec)
-    kept = _disk.get(key)
+    return [ssh_binary(), "-G", "-vvv", *files.args, *guard, *options, "--", destination]
+
+
+_keys: dict[tuple, str] = {}  # (destination, options, files, match_exec) -> answer-cache key, per selection
+
+
+def _answer_key(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> str:
+    """The answer cache's key of one `ssh -G` (its argv, cwd, user, the ssh binary), once per selection."""
+    memo = (destination, tuple(options), files, match_exec)
+    if memo not in _keys:
+        _keys[memo] = _disk.key(_ssh_g_argv(destination, options, files), match_exec)
+    return _keys[memo]
+
+
+def _run_ssh_g(destination: str, options: Sequence[str], files: SshConfigFiles, match_exec: bool) -> _Run:
+    argv = _ssh_g_argv(destination, options, files)
+    key = _answer_key(destination, options, files, match_exec)
+    kept = _alike_answers.get(key) or _disk.get(key)
     if kept is not None:
         return kept
     run = _ssh_g(argv, destination, files, match_exec)
@@ -505,7 +537,7 @@ def _resolve(request: Request, match_exec: bool, _depth: int) -> SshEndpoint:
     endpoint = _endpoint(request, run, match_exec, _depth)
     if not run.exec_ran:
         with _cache_lock:
-            _cache[key] = (tuple(run.files_read), json.loads(json.dumps(_stamp(run.files_read))), endpoint)
+            _cache[key] = (tuple(run.files_read), _stamp_now(run.files_read), endpoint)
     return endpoint
 
 
@@ -547,11 +579,115 @@ def resolve_many(requests: Sequence[Request], match_exec: bool = True) -> list[S
             found = {unique[0]: resolve(unique[0], match_exec)}
         else:
             with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(unique))) as pool:
-                futures = {r: pool.submit(resolve, r, match_exec) for r in unique}
-                found = {r: f.result() for r, f in futures.items()}
+                _answer_alike(unique, match_exec, pool)
+                # what is answered already is resolved here (a thread for each costs more than it)
+                answered = {r for r in unique if _answered(r, match_exec)}
+                futures = {r: pool.submit(resolve, r, match_exec) for r in unique if r not in answered}
+                found = {r: resolve(r, match_exec) if r in answered else futures[r].result() for r in unique}
     finally:
+        _alike_answers.clear()
+        _keys.clear()
         _disk.flush()
     return [found[r] for r in requests]
+
+
+# ---------------------------------------------------------------- one ssh -G for many (ssh_alike)
+
+_ALIKE_MIN = 3  # a class of fewer members gains nothing: two of them are asked anyway
+_alike_answers: dict[str, _Run] = {}  # answer-cache key -> answer, for the selection in progress
+
+
+def _argv_key(request: Request, match_exec: bool) -> str:
+    return _answer_key(request.destination, request.options, request.files, match_exec)
+
+
+def _answer_alike(requests: list[Request], match_exec: bool, pool: ThreadPoolExecutor) -> None:
+    """Answers for the destinations OpenSSH provably answers alike but for their name (ssh_alike),
+    two `ssh -G` per class, into _alike_answers (and the answer cache); the rest are asked one
+    by one as before. Destinations whose answers are kept already are left to the cache."""
+    groups: dict[tuple, list[Request]] = {}
+    for request in requests:
+        if request.files.path != "none" and ssh_alike.plain(request.destination) \
+                and not _known(request, match_exec) and _disk.get(_argv_key(request, match_exec)) is None:
+            groups.setdefault((request.options, request.files), []).append(request)
+    asked: dict[Request, _Run | None] = {}
+
+    def ask(batch: list[Request]) -> None:
+        todo = [r for r in dict.fromkeys(batch) if r not in asked]
+        for request, run in zip(todo, pool.map(lambda r: _ask_quietly(r, match_exec), todo)):
+            asked[request] = run
+            if run is not None and not (run.exec_ran or run.match_exec):  # not asked again below
+                _alike_answers[_argv_key(request, match_exec)] = run
+
+    pending = [members for members in groups.values() if len(members) >= _ALIKE_MIN]
+    ask([members[0] for members in pending])  # each group's first member: the files its config reads
+    files = {id(members): set(asked[members[0]].files_read) for members in pending if asked[members[0]] is not None}
+    pending = [members for members in pending if id(members) in files]
+    while pending:  # until the members asked read no file the patterns were not taken from
+        classes: dict[int, list[list[Request]]] = {}
+        for members in pending:
+            patterns = ssh_alike.config_patterns("\n".join(_file_lines(f)) for f in sorted(files[id(members)]))
+            if patterns is None:
+                continue
+            by_signature: dict[tuple, list[Request]] = {}
+            for request in members:
+                by_signature.setdefault(ssh_alike.signature(request.destination, patterns), []).append(request)
+            classes[id(members)] = [cls for cls in by_signature.values() if len(cls) >= _ALIKE_MIN]
+        ask([r for group in classes.values() for cls in group for r in cls[:2]])  # all groups at once
+        still = []
+        for members in pending:
+            if id(members) not in classes:
+                continue
+            read = {f for cls in classes[id(members)] for r in cls[:2] if asked[r] is not None
+                    for f in asked[r].files_read}
+            if read <= files[id(members)]:
+                for cls in classes[id(members)]:
+                    _derive(cls, asked, match_exec)
+            else:
+                files[id(members)] |= read
+                still.append(members)
+        pending = still
+
+
+def _known(request: Request, match_exec: bool) -> bool:
+    """Whether this process resolved the request already (and its files are unchanged)."""
+    with _cache_lock:
+        cached = _cache.get((request, match_exec))
+    return cached is not None and _unchanged(cached[0], cached[1])
+
+
+def _answered(request: Request, match_exec: bool) -> bool:
+    """Whether the request's answer is at hand without asking ssh (this process, this selection's
+    classes, or the answer cache)."""
+    if _known(request, match_exec):
+        return True
+    key = _argv_key(request, match_exec)
+    return key in _alike_answers or _disk.get(key) is not None
+
+
+def _ask_quietly(request: Request, match_exec: bool) -> _Run | None:
+    """`ssh -G` for one member (or its kept answer); None where ssh refuses: the member is then
+    asked again on its own, which reports it as before."""
+    try:
+        return _run_ssh_g(request.destination, request.options, request.files, match_exec)
+    except ConfigError:
+        return None
+
+
+def _derive(members: list[Request], asked: dict[Request, _Run | None], match_exec: bool) -> None:
+    (a, b), runs = members[:2], (asked[members[0]], asked[members[1]])
+    if runs[0] is None or runs[1] is None or any(r.exec_ran or r.match_exec for r in runs) \
+            or runs[0].files_read != runs[1].files_read or runs[0].segments != runs[1].segments:
+        return
+    hostname = ssh_alike.alike(a.destination, runs[0].values, b.destination, runs[1].values, _DiskCache.KEYS)
+    if hostname is None:
+        return
+    for member in members[2:]:
+        run = _Run(ssh_alike.answer_for(member.destination, runs[0].values, hostname), list(runs[0].files_read),
+                   list(runs[0].segments), [], False)
+        key = _argv_key(member, match_exec)
+        _alike_answers[key] = run
+        _disk.put(key, run)
 
 
 def _first(values: dict[str, list[str]], key: str) -> str | None:
@@ -636,19 +772,27 @@ def _file_lines(path: str) -> list[str]:
     return _lines_cache[key]
 
 
-def _block_keywords(path: str, start: int | None) -> Iterable[tuple[str, int]]:
+_blocks_cache: dict[tuple[int, str, int | None], list[tuple[str, int]]] = {}
+
+
+def _block_keywords(path: str, start: int | None) -> list[tuple[str, int]]:
     """(keyword, line) of the options in one block: after its Host/Match line (or the file's top)
-    up to the next Host or Match."""
+    up to the next Host or Match; read once per version of the file (every host applying the
+    block asks for it)."""
     lines = _file_lines(path)
-    first = 0 if start is None else start  # lines after the Host line (1-based start)
-    for index in range(first, len(lines)):
-        m = _KEYWORD.match(lines[index])
-        if not m:
-            continue
-        keyword = m.group(1).lower()
-        if keyword in ("host", "match"):
-            return
-        yield keyword, index + 1
+    memo = (id(lines), path, start)  # _file_lines keeps one list per version of the file
+    if memo not in _blocks_cache:
+        found: list[tuple[str, int]] = []
+        for index in range(0 if start is None else start, len(lines)):  # lines after the Host line (1-based)
+            m = _KEYWORD.match(lines[index])
+            if not m:
+                continue
+            keyword = m.group(1).lower()
+            if keyword in ("host", "match"):
+                break
+            found.append((keyword, index + 1))
+        _blocks_cache[memo] = found
+    return _blocks_cache[memo]
 
 
 def sources_of(request: Request, run: _Run) -> dict[str, str]:
