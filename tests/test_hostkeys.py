@@ -1,5 +1,5 @@
-"""known_hosts read once into an index by name, and private keys read once per command: the same
-answers paramiko gives, without its per-host scans (no SSH here)."""
+"""What the connection does once per command instead of once per host, with paramiko's answers:
+known_hosts read into an index by name, private keys read once; and the ciphers it offers. No SSH."""
 
 from __future__ import annotations
 
@@ -99,3 +99,18 @@ def test_line_of_names_the_first_entry_for_a_name_hashed_or_not(keys, tmp_path):
                     + _line(paramiko.HostKeys.hash_host("10.0.0.2"), keys["b"]) + _line("10.0.0.2", keys["c"]))
     ours = KnownHosts(path)
     assert (ours.line_of("10.0.0.1"), ours.line_of("10.0.0.2"), ours.line_of("10.0.0.3")) == (3, 4, None)
+
+
+def test_the_transport_offers_aes_gcm_first_and_keeps_every_other_cipher():
+    import socket
+
+    from orchestrator.fleet.transport import AEAD_CIPHERS, _aead_first
+
+    mine, theirs = socket.socketpair()
+    try:
+        default = paramiko.Transport(theirs).get_security_options().ciphers
+        offered = _aead_first(mine).get_security_options().ciphers
+    finally:
+        mine.close()
+        theirs.close()
+    assert offered[:2] == AEAD_CIPHERS and sorted(offered) == sorted(default)

@@ -13,7 +13,8 @@ script and prints ONE JSON envelope on the original stdout:
 Anything else the script (or SGLang) prints goes to stderr, so it can never corrupt the envelope.
 Stdlib only; runs on Python 3.8+ (hosts bring their own interpreter). It runs on every host for
 every call, so it imports only what every call uses; shutil and traceback (3-4 ms of a host's CPU
-per call together) are imported where they are needed, and sha256 is the interpreter's own.
+per call together) are imported where they are needed, as is hashlib (files are hashed with it; the
+code cache's few KB with the interpreter's own sha256).
 """
 
 import fcntl
@@ -24,7 +25,8 @@ import stat
 import sys
 import time
 
-try:  # the interpreter's own sha256: hashlib loads OpenSSL first, ~4 ms of a host's CPU per call
+try:  # the interpreter's own sha256 for the code cache's few KB: importing hashlib loads OpenSSL, ~3 ms of
+    # a host's CPU per call, more than it saves on them (files are hashed by sha256_file, with hashlib)
     from _sha256 import sha256  # Python <= 3.11
 except ImportError:
     try:
@@ -83,7 +85,9 @@ def server_paths(profile):
 
 
 def sha256_file(path):
-    digest = sha256()
+    import hashlib  # OpenSSL's sha256: 3.5x the interpreter's own on a release's large files
+
+    digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
