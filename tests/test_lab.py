@@ -88,7 +88,8 @@ def test_state_dir_under_a_per_host_path_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [(["--hosts", "2", "--systemd", "3"], "--systemd must be between 0 and"),
-                                           (["--hosts", "0"], "--hosts must be between 1 and")])
+                                           (["--hosts", "0"], "--hosts must be between 1 and"),
+                                           (["--hosts", "300", "--router"], "holds at most 253 hosts")])
 def test_bad_host_counts_are_bad_input(tmp_path, args, message):
     from .conftest import sglfleet
 

@@ -12,7 +12,7 @@ import typer
 from ..errors import ConfigError
 from ..fleet.hostkeys import known_hosts_name
 from ..lab.base import ensure_base
-from ..lab.manager import Lab
+from ..lab.manager import HOSTS_PER_SUBNET, Lab, host_name
 from ..lab.proxy import LatencyProxy
 from ..lab.router import LabRouter
 from . import output
@@ -44,6 +44,10 @@ def lab_up(count: int = typer.Option(4, "--hosts", "-n", help="How many hosts (c
     lab = _lab()
     started = time.monotonic()
     lab_router = LabRouter(lab.state_dir, lab.subnet)
+    if (router or lab_router.running()) and count >= HOSTS_PER_SUBNET:
+        raise ConfigError(f"the lab's router listens on {lab.subnet}.254, the address of host {HOSTS_PER_SUBNET} "
+                          f"({host_name(HOSTS_PER_SUBNET - 1)}): with the router the lab holds at most "
+                          f"{HOSTS_PER_SUBNET - 1} hosts (--hosts {count})")
     if router:
         lab.check_prerequisites()
         lab_router.start()
