@@ -213,3 +213,108 @@ def test_a_multi_node_profile_without_a_placement_does_not_render(tmp_path):
     inv = inventory(tmp_path, TWO_GROUPS)
     with pytest.raises(RenderError, match="runs on 2 nodes"):
         render(inv.hosts["a0"], profile(tmp_path), facts(OPTIONS, DENSE_MODEL), inv.path)
+
+
+# ---------------------------------------------------------------- the ranks' meeting points
+
+
+def _rank(name, rank):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(host=SimpleNamespace(name=name), rank=rank)
+
+
+def _in_threads(*calls):
+    import threading
+
+    out = {}
+    threads = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f())) for k, f in calls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting"
+    return out
+
+
+def test_the_group_restarts_whole_when_one_rank_must_and_not_at_all_when_one_failed():
+    from orchestrator.stages.groups import GroupSync
+
+    sync = GroupSync(["a0", "a1"], "d1")
+    got = _in_threads(("a0", lambda: sync.agree(_rank("a0", 0), [])),
+                      ("a1", lambda: sync.agree(_rank("a1", 1), ["launch command changed"])))
+    assert got == {"a0": ["the server group restarts whole: a1 (rank 1): launch command changed"],
+                   "a1": ["launch command changed"]}
+    sync = GroupSync(["a0", "a1"], "d2")
+    sync.ended("a1", {"ok": False, "summary": "a1: refused: drifted files\nmore"})
+    assert sync.agree(_rank("a0", 0), []) == "a1 (rank 1) failed: a1: refused: drifted files"
+    assert GroupSync(["a0"], "d3").agree(_rank("a0", 0), []) == []  # all unchanged: nothing restarts
+
+
+def test_the_other_ranks_launch_once_rank_0_s_launch_answered_and_not_if_it_was_refused():
+    import time
+
+    from orchestrator.stages.groups import GroupSync
+
+    for outcome, expected in (("ok", None), ("failed", None), ("refused", "a0 (rank 0) was refused before it "
+                                                                         "stopped anything; the group serves on")):
+        sync = GroupSync(["a0", "a1"], "d")
+        order = []
+
+        def rank0():
+            assert sync.launch_turn(_rank("a0", 0)) is None
+            time.sleep(0.3)  # rank 0's launch call
+            order.append("a0")
+            sync.launched(_rank("a0", 0), outcome)
+
+        def rank1():
+            why = sync.launch_turn(_rank("a1", 1))
+            order.append("a1")
+            return why
+
+        got = _in_threads(("a0", rank0), ("a1", rank1))
+        assert got["a1"] == expected and order == ["a0", "a1"], (outcome, got, order)
+
+
+def test_one_rank_failing_its_health_fails_the_others_and_ends_their_waits():
+    from orchestrator.stages.groups import GroupSync
+    from orchestrator.stages.health import HealthResult
+
+    sync = GroupSync(["a0", "a1"], "d")
+    got = _in_threads(("a0", lambda: sync.healthy(_rank("a0", 0), HealthResult(ok=True))),
+                      ("a1", lambda: sync.failing(_rank("a1", 1), "server exited with code 1 during port")))
+    assert not got["a0"].ok and got["a0"].failed["stage"] == "group"
+    assert "another rank failed: a1 (rank 1): server exited with code 1 during port" in got["a0"].summary()
+    assert sync.abort.is_set()  # a rank still polling its health stops at its next slice
+
+
+def test_a_rank_whose_launch_was_refused_reverts_to_what_it_records_not_to_the_generation_before(tmp_path):
+    """remote/server.py's revert (no lab, temp dirs): a rank whose own launch was refused before it
+    moved anything still records what ran (its old server ended with rank 0's); that starts
+    again, not previous/ (the generation before it). Without the flag, previous/ as always."""
+    from orchestrator.remote import server
+
+    from .test_deploy_host import base_args, lease, wait
+
+    def deploy(deploy_id, script):
+        args = base_args(tmp_path, deploy_id)
+        lease(args, deploy_id)
+        launched = server.cmd_launch(dict(args, files={"launch_script": "#!/bin/sh\n" + script, "env": "",
+                                                       "unit": ""}))
+        server.cmd_finish(dict(args, record={"profile": "p", "deploy_id": deploy_id, "pid": launched["pid"],
+                                             "mode": "supervisor", "argv": [script]}))
+        return args
+
+    deploy("gen-a", "exec sleep 300 # a\n")
+    args = deploy("gen-b", "exec sleep 300 # b\n")
+    paths = server.paths_for(args)
+    try:
+        for flag, expected in ((True, "gen-b"), (False, "gen-a")):
+            revert = base_args(tmp_path, f"d-{flag}")
+            lease(revert, f"d-{flag}")
+            answer = server.cmd_revert(dict(revert, relaunch_current=flag))
+            assert answer["restored"]["deploy_id"] == expected, (flag, answer["restored"])
+            assert wait(lambda: server.alive(answer["pid"]))
+            server.cmd_finish(dict(revert, record=dict(answer["restored"], pid=answer["pid"])))
+    finally:
+        server.cmd_stop(dict(args, stop_grace=1))

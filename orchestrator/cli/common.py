@@ -19,6 +19,7 @@ import typer
 
 from ..errors import ConfigError
 from ..fleet.group import DEFAULT_FORKS, Group, GroupResult
+from ..fleet.hostkeys import KnownHosts
 from ..stages.health import DEFAULT_TIMEOUTS
 from ..fleet.inventory import HOST_KEY_POLICIES, Inventory, default_inventory, load_inventory
 from ..numbers import check_number
@@ -102,6 +103,25 @@ def run_group(inv: Inventory, pattern: str, task: Callable[..., Any], label: str
     run = task if not notes else (lambda conn: task(conn, lambda text: progress(conn.host.name, "running", text)))
     with group, progress, stop_on_signals(group):
         return group.run(run, label)
+
+
+def run_units(inv: Inventory, units: dict[str, list[Any]], task: Callable[..., Any], label: str, forks: int,
+              policy: Optional[str], quiet: bool) -> GroupResult:
+    """`task(conns, note)` once per unit (name -> hosts, e.g. a multi-node server's ranks), with
+    live progress per unit on stderr; Ctrl-C as `run_group`."""
+    hosts = [h for members in units.values() for h in members]
+    group = Group(hosts, KnownHosts(inv.known_hosts_path), forks=forks, host_key_policy=host_key_policy(policy),
+                  inventory=inv)
+    progress = output.Progress(list(units), label, enabled=not quiet)
+    group.progress = progress
+    unit_of = {members[0].name: name for name, members in units.items()}
+
+    def run(conns: list[Any]) -> Any:
+        name = unit_of[conns[0].host.name]
+        return task(conns, lambda text: progress(name, "running", text))
+
+    with group, progress, stop_on_signals(group):
+        return group.run_units(units, run, label)
 
 
 @contextmanager

@@ -14,14 +14,15 @@ from ..errors import ConfigError, RemoteError, SglfleetError
 from ..fleet.group import GroupResult, TaskOutcome
 from ..spec.profile import load_profile
 from ..stages import deploy as stage
-from ..stages import kernels
+from ..stages import groups, kernels
+from ..stages.units import Unit, placements, units
 from ..stages.runs import run_dir
 from ..stages.health import DEFAULT_TIMEOUTS
 from . import output
 from .option_paths import output_dir
 from . import rollout as rolling
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line,
-                     health_timeouts, inventory, run_group)
+                     health_timeouts, inventory, run_group, run_units)
 from .option_checks import POSITIVE_SECONDS, SECONDS_OR_MORE, number, refuse_without
 
 
@@ -66,6 +67,29 @@ def _run(inv: Any, pattern: str, task: Callable[[Any, Callable[[str], None]], An
         return task(conn, both)
 
     return run_group(inv, pattern, noted, label, forks, policy, quiet, notes=True)
+
+
+def _run_units(inv: Any, found: list[Unit], task: Callable[..., Any], label: str, forks: int,
+               policy: Optional[str], quiet: bool) -> GroupResult:
+    """common.run_units with `task(unit, conns, note, rank_note)`: the unit's live progress, and
+    one StepLines line per rank (`host/rank`) off a terminal."""
+    lines = StepLines(enabled=not quiet and not output.stderr.is_terminal)
+    by_leader = {u.leader.name: u for u in found}
+
+    def noted(conns: list[Any], note: Callable[[str], None]) -> Any:
+        unit = by_leader[conns[0].host.name]
+
+        def rank_note(label: str, text: str) -> None:
+            lines(label, text)
+            note(f"{label}: {text}")
+
+        def unit_note(text: str) -> None:
+            lines(unit.name, text)
+            note(text)
+
+        return task(unit, conns, unit_note, rank_note)
+
+    return run_units(inv, {u.name: u.hosts for u in found}, noted, label, forks, policy, quiet)
 
 
 def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = ProfileArg,
@@ -116,6 +140,7 @@ def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = Profile
             load_timeout, health_timeout, runs, deploy_options=options, no_router=no_router,
             allow_full_outage=allow_full_outage), as_json, host_key_policy_opt)
     directory = None if dry_run else run_dir(runs, "deploy")
+    found = units(inv, inv.select(pattern), prof)
 
     def task(conn, note):
         doc = stage.HostDeploy(conn, prof, artifacts, inv.path, options, note).run()
@@ -123,7 +148,20 @@ def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = Profile
             stage.store(directory, conn.host.name, doc)
         return TaskOutcome(doc["ok"], doc, None if doc["ok"] else doc.get("summary"))
 
-    results = _run(inv, pattern, task, "deploy", forks, host_key_policy_opt, quiet=as_json)
+    def unit_task(unit, conns, note, rank_note):
+        if not unit.is_group:
+            return task(conns[0], note)
+        doc = groups.GroupDeploy(unit, conns, prof, artifacts, inv.path, options, note, rank_note).run()
+        if directory is not None:
+            for name, rank_doc in doc["ranks"].items():
+                stage.store(directory, name, rank_doc)
+            stage.store(directory, unit.name, {k: v for k, v in doc.items() if k != "ranks"})
+        return TaskOutcome(doc["ok"], doc, None if doc["ok"] else doc.get("summary"))
+
+    if any(u.is_group for u in found):  # a multi-node server: its ranks as one unit
+        results = _run_units(inv, found, unit_task, "deploy", forks, host_key_policy_opt, quiet=as_json)
+    else:
+        results = _run(inv, pattern, task, "deploy", forks, host_key_policy_opt, quiet=as_json)
     docs = {}
     for name, r in results.items():
         docs[name] = r.value if r.value is not None else {"ok": False, "action": "failed", "summary": r.error}
@@ -154,18 +192,25 @@ def _deploy_report(profile: str, docs: dict[str, dict[str, Any]], directory: Opt
     table = output.Table(title=f"deploy {profile}" + (f" -> {directory}" if directory else " (dry run)"))
     for col in ("host", "result", "release", "pid", "why", "health", "round trips", "seconds"):
         table.add_column(col)
+    shown: dict[str, dict[str, Any]] = {}  # what gets its details below: hosts, and each group's ranks
     for name, d in docs.items():
-        style = "green" if d["ok"] else "red"
-        health = d.get("health") or {}
-        rt = d.get("round_trips") or {}
-        table.add_row(output.escape(name), f"[{style}]{d.get('action') or 'failed'}[/]",
-                      output.escape(str(d.get("release") or (d.get("running_before") or {}).get("release") or "-")),
-                      str(d.get("pid") or "-"), output.escape("; ".join(d.get("restart_reasons") or []) or "-"),
-                      f"{sum(health.values()):.1f}s" if health else "-",
-                      f"{rt.get('exec', '-')}" + (f" (+{rt['health_polls']} polls)" if rt.get("health_polls") else ""),
-                      f"{d.get('seconds', 0):.1f}")
+        rows = [(name, d)] + [(f"  {host}/{rank}", r) for rank, (host, r) in enumerate((d.get("ranks") or {}).items())]
+        for label, row in rows:
+            style = "green" if row["ok"] else "red"
+            health = row.get("health") or {}
+            rt = row.get("round_trips") or {}
+            trips = ("+".join(str(v) for v in rt.values()) + " (per rank)") if "ranks" in row else \
+                f"{rt.get('exec', '-')}" + (f" (+{rt['health_polls']} polls)" if rt.get("health_polls") else "")
+            table.add_row(output.escape(label), f"[{style}]{row.get('action') or 'failed'}[/]",
+                          output.escape(str(row.get("release") or (row.get("running_before") or {}).get("release")
+                                            or "-")),
+                          str(row.get("pid") or "-"), output.escape("; ".join(row.get("restart_reasons") or []) or "-"),
+                          f"{sum(health.values()):.1f}s" if health else "-", trips, f"{row.get('seconds', 0):.1f}")
+        shown[name] = d
+        if d.get("ranks") and (dry_run or not d["ok"]):
+            shown.update({f"{name} {host}": r for host, r in d["ranks"].items() if dry_run or not r.get("ok")})
     output.stdout.print(table)
-    for name, d in docs.items():
+    for name, d in shown.items():
         if dry_run:
             output.stdout.rule(f"{output.escape(name)}: {output.escape(d.get('summary') or '')}")
             output.stdout.print(output.escape(" ".join(d.get("command") or [])), highlight=False, soft_wrap=True)
@@ -203,22 +248,28 @@ def status(pattern: str = PatternArg,
            profile: Optional[str] = typer.Argument(None, help="Profile: compare what runs with what it renders to."),
            inventory_path: Optional[str] = InventoryOpt, forks: int = ForksOpt, as_json: bool = JsonOpt,
            host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
-    """One row per host and server: desired vs running (release, argv hash, pid, uptime, health, accept len)."""
+    """One row per host and server, and per multi-node server (its ranks below it): desired vs
+    running (release, argv hash, pid, uptime, health, accept len)."""
     inv = inventory(inventory_path)
     prof = load_profile(profile) if profile else None
+    placed = placements(inv, inv.select(pattern), prof) if prof else {}
 
     def task(conn, note):
-        value = stage.status_host(conn, prof, inv.path)
+        value = stage.status_host(conn, prof, inv.path, placed.get(conn.host.name))
         ok = all(not row["drift"] for row in value["profiles"])
         return TaskOutcome(ok, value, None if ok else "; ".join(d for row in value["profiles"] for d in row["drift"]))
 
     results = _run(inv, pattern, task, "status", forks, host_key_policy_opt, quiet=as_json)
+    server_groups = groups.group_status({name: r.value for name, r in results.items() if r.value is not None})
+    code = 1 if results.exit_code == 0 and any(g["state"] == "down" for g in server_groups) else results.exit_code
     if as_json:
-        output.print_json(output.group_json("status", results, pattern=pattern, profile=profile))
-        raise typer.Exit(results.exit_code)
+        doc = output.group_json("status", results, pattern=pattern, profile=profile, server_groups=server_groups)
+        output.print_json(dict(doc, exit_code=code))
+        raise typer.Exit(code)
     table = output.Table(title="status" + (f" {profile}" if profile else ""))
     for col in ("host", "profile", "state", "release", "argv hash", "pid", "uptime", "health", "accept len", "drift"):
         table.add_column(col)
+    rank_rows: dict[tuple[str, str], dict[str, Any]] = {}  # (host, profile) -> its row, shown under its group
     for name, r in results.items():
         if r.value is None:
             table.add_row(output.escape(name), "-", "[red]unreachable[/]", *["-"] * 6,
@@ -227,20 +278,36 @@ def status(pattern: str = PatternArg,
         if not r.value["profiles"]:
             table.add_row(output.escape(name), "-", "nothing deployed", *["-"] * 7)
         for row in r.value["profiles"]:
-            state = "[green]running[/]" if row.get("alive") else ("stopped" if row.get("stopped") else "[red]down[/]")
-            if row.get("mode") == "systemd":  # a unit (journald), not the detached supervisor
-                state += " (unit)"
-            desired = row.get("desired") or {}
-            argv = row.get("argv_hash") or "-"
-            if desired.get("argv_hash") and desired["argv_hash"] != row.get("argv_hash"):
-                argv += f" (profile: {desired['argv_hash']})"
-            table.add_row(output.escape(name), output.escape(row["profile"]), state,
-                          output.escape(str(row.get("release") or "-")), output.escape(argv), str(row.get("pid") or "-"),
-                          _uptime(row.get("uptime_s")), str(row.get("health") or "-"),
-                          f"{row['accept_length']:.2f}" if row.get("accept_length") is not None else "-",
-                          "[yellow]" + output.escape("; ".join(row["drift"])) + "[/]" if row["drift"] else "-")
+            if row.get("placement"):
+                rank_rows[(name, row["profile"])] = row
+                continue
+            table.add_row(*_status_cells(name, row))
+    for group in server_groups:
+        style = {"running": "green", "down": "red"}.get(group["state"], "")
+        table.add_row(output.escape(f"{group['server_group']} ({len(group['hosts'])} nodes)"),
+                      output.escape(group["profile"]), f"[{style}]{group['state']}[/]" if style else group["state"],
+                      output.escape(str(group.get("release") or "-")), *["-"] * 5,
+                      "[yellow]" + output.escape("; ".join(group["why"])) + "[/]" if group["why"] else "-")
+        for host in group["hosts"]:
+            row = rank_rows.get((host, group["profile"]))
+            if row is not None:
+                table.add_row(*_status_cells(f"  {host}/{row['placement']['rank']}", row))
     output.stdout.print(table)
-    raise typer.Exit(results.exit_code)
+    raise typer.Exit(code)
+
+
+def _status_cells(label: str, row: dict[str, Any]) -> list[str]:
+    state = "[green]running[/]" if row.get("alive") else ("stopped" if row.get("stopped") else "[red]down[/]")
+    if row.get("mode") == "systemd":  # a unit (journald), not the detached supervisor
+        state += " (unit)"
+    desired = row.get("desired") or {}
+    argv = row.get("argv_hash") or "-"
+    if desired.get("argv_hash") and desired["argv_hash"] != row.get("argv_hash"):
+        argv += f" (profile: {desired['argv_hash']})"
+    return [output.escape(label), output.escape(row["profile"]), state, output.escape(str(row.get("release") or "-")),
+            output.escape(argv), str(row.get("pid") or "-"), _uptime(row.get("uptime_s")), str(row.get("health") or "-"),
+            f"{row['accept_length']:.2f}" if row.get("accept_length") is not None else "-",
+            "[yellow]" + output.escape("; ".join(row["drift"])) + "[/]" if row["drift"] else "-"]
 
 
 def stop(pattern: str = PatternArg,
@@ -260,13 +327,29 @@ def stop(pattern: str = PatternArg,
         except RemoteError as exc:
             return TaskOutcome(False, {"error": str(exc), **exc.detail}, str(exc))
 
+    def unit_task(unit, conns, note, rank_note):
+        if not unit.is_group:
+            return task(conns[0], note)
+        note(f"stopping rank 0 ({unit.leader.name}) first, then the others")
+        try:
+            return dict(groups.stop_group(conns, name, grace, command), host=unit.name)
+        except RemoteError as exc:
+            return TaskOutcome(False, {"error": str(exc), **exc.detail}, str(exc))
+
     started = time.monotonic()
-    results = _run(inv, pattern, task, "stop", forks, host_key_policy_opt, quiet=as_json)
+    found = units(inv, inv.select(pattern), None)  # a multi-node server stops whole, rank 0 first
+    if any(u.is_group for u in found):
+        results = _run_units(inv, found, unit_task, "stop", forks, host_key_policy_opt, quiet=as_json)
+    else:
+        results = _run(inv, pattern, task, "stop", forks, host_key_policy_opt, quiet=as_json)
     if as_json:
         output.print_json(output.group_json("stop", results, pattern=pattern, profile=profile))
         raise typer.Exit(results.exit_code)
 
     def row(v: dict[str, Any]) -> list[str]:
+        if v.get("ranks"):
+            return ["; ".join(f"{host}/{rank}: {row(dict(r or {}, host=host))[0]}"
+                              for rank, (host, r) in enumerate(v["ranks"].items()))]
         if v.get("unknown_profile"):
             runs = ", ".join(f"{p}{'' if alive else ' (stopped)'}" for p, alive in (v.get("here") or {}).items())
             return [f"no server of profile {v['unknown_profile']} on {v.get('host')} (this host runs: "

@@ -21,6 +21,7 @@ from ..stages import metrics as metrics_stage
 from ..stages.runs import run_dir
 from . import output
 from .option_paths import output_dir, output_file
+from ..stages.units import rank_labels, serving_hosts
 from .common import InventoryOpt, JsonOpt, PatternArg, PolicyOpt, host_key_policy, inventory, run_group
 
 ProfileOpt = typer.Argument(None, help="Profile name (or .yaml); default: the only server on each host.")
@@ -55,8 +56,9 @@ class Printer:
     """`host | line`, the host colored on a terminal (as `docker compose logs`), or one JSON
     document written as it goes (--json): {"command", "lines": [...], "hosts", "exit_code"}."""
 
-    def __init__(self, hosts: list[str], as_json: bool, color: bool):
-        self.width = max((len(h) for h in hosts), default=0)
+    def __init__(self, hosts: list[str], as_json: bool, color: bool, labels: dict[str, str] | None = None):
+        self.labels = labels or {}  # host -> `host/rank` for the ranks of a multi-node server
+        self.width = max((len(self.labels.get(h, h)) for h in hosts), default=0)
         self.color = {h: COLORS[i % len(COLORS)] for i, h in enumerate(hosts)} if color else {}
         self.as_json = as_json
         self.count = 0
@@ -68,10 +70,12 @@ class Printer:
         with self.lock:
             if self.as_json:
                 # the line is the one field a host wrote: redacted and escaped as on a terminal
+                rank = self.labels.get(line.host)
                 sys.stdout.write((",\n" if self.count else "\n") + json.dumps(
-                    {"host": output.terminal_text(line.host), "ts": line.ts, "line": output.shown(line.text)}))
+                    {"host": output.terminal_text(line.host), **({"rank": int(rank.rsplit("/", 1)[1])} if rank else {}),
+                     "ts": line.ts, "line": output.shown(line.text)}))
             else:
-                prefix = f"{line.host:<{self.width}} |"
+                prefix = f"{self.labels.get(line.host, line.host):<{self.width}} |"
                 code = self.color.get(line.host)
                 if code:
                     prefix = f"\x1b[{code}m{prefix}\x1b[0m"
@@ -131,7 +135,8 @@ def logs_command(pattern: str = PatternArg, profile: Optional[str] = ProfileOpt,
     if follow and query.tail is None and query.since is None and not since_last:
         query.tail = 10  # journalctl -f's default
     printer = Printer([h.name for h in group.hosts], as_json,
-                      sys.stdout.isatty() and not as_json if color is None else color and not as_json)
+                      sys.stdout.isatty() and not as_json if color is None else color and not as_json,
+                      rank_labels(inv))
     conns = [group.connection(h) for h in group.hosts]
     with group:
         if follow:
@@ -209,10 +214,16 @@ def metrics_command(pattern: str = PatternArg, profile: Optional[str] = ProfileO
     if since_last:
         raise ConfigError("metrics reads the whole window it is given; --since last is for `logs`")
     inv = inventory(inventory_path)
+    # A multi-node server's figures are rank 0's: its ranks are read there, once.
+    names, notes = serving_hosts(inv, inv.select(pattern))
+    for note in notes:
+        if not as_json:
+            output.stderr.print(output.escape(note), highlight=False)
+    serving = ",".join(names)
     if live:
         if csv_path or plot_dir:
             raise ConfigError("--live prints the current figures; --csv and --plot read logs (leave out --live)")
-        results = run_group(inv, pattern, lambda conn: metrics_stage.scrape(conn, query), "scrape", forks, policy,
+        results = run_group(inv, serving, lambda conn: metrics_stage.scrape(conn, query), "scrape", forks, policy,
                             quiet=as_json)
         if as_json:
             output.print_json(output.group_json("metrics --live", results))
@@ -222,7 +233,7 @@ def metrics_command(pattern: str = PatternArg, profile: Optional[str] = ProfileO
                              lambda v: [_num(v["figures"].get(c)) for c in columns])
         raise typer.Exit(results.exit_code)
 
-    results = run_group(inv, pattern, lambda conn: metrics_stage.collect(conn, query)[0], "metrics", forks, policy,
+    results = run_group(inv, serving, lambda conn: metrics_stage.collect(conn, query)[0], "metrics", forks, policy,
                         quiet=as_json)
     records = {name: r.value for name, r in results.items() if r.ok}
     summary = metrics_stage.summarize(records, ratio)

@@ -5,6 +5,10 @@ connection is opened once per host per command run and shared by every task run 
 A host that is down or whose task raises is recorded as failed, the exception kept in its
 HostResult (as Fabric's GroupResult does); it never stops the others.
 
+A unit of several hosts (the ranks of one multi-node server) runs as one task on all their
+connections (`Group.run_units`), one result per unit; its task's own threads carry the run's
+stop with them (`in_this_run`).
+
 Stopping (Ctrl-C, SIGTERM): `Group.stop` is an Event. Once set, no host starts, and a task that
 checks `stopping()` between its steps (from the worker thread running it) ends before the next
 one; a step already running on a host finishes (or rolls back) there. Hosts that never started
@@ -47,6 +51,21 @@ def stopping() -> bool:
     """Whether the run this task belongs to was asked to stop (a checkpoint between steps)."""
     group = getattr(_current, "group", None)
     return bool(group is not None and group.stop.is_set())
+
+
+def in_this_run(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` for another thread that works for the calling task (one rank of a unit), so that
+    `stopping()` there answers for this task's run."""
+    group = getattr(_current, "group", None)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        _current.group = group
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _current.group = None
+
+    return run
 
 
 @dataclass
@@ -141,33 +160,35 @@ class Group:
         if self.progress:
             self.progress(host, event, detail)
 
-    def _one(self, host: Host, task: Callable[[Connection], Any], label: str) -> HostResult:
+    def _one(self, host: Host, task: Callable[[Connection], Any], label: str, name: str | None = None) -> HostResult:
+        """The task on `host`'s connection; `name` (default the host's) names its result and progress."""
+        name = name or host.name
         started = time.monotonic()
         if self.stop.is_set():
-            result = HostResult(host.name, False, exception=Stopped("not started: the run was interrupted"))
-            self._emit(host.name, "failed", result.error or "")
+            result = HostResult(name, False, exception=Stopped("not started: the run was interrupted"))
+            self._emit(name, "failed", result.error or "")
             return result
         conn = self.connection(host)
         _current.group = self
         try:
-            self._emit(host.name, "connecting", host.target)
+            self._emit(name, "connecting", host.target)
             conn.open()
-            self._emit(host.name, "running", label)
+            self._emit(name, "running", label)
             value = task(conn)
         except Exception as exc:  # kept whole; a bug in a task must not take the other hosts down
-            result = HostResult(host.name, False, exception=exc, duration=time.monotonic() - started)
+            result = HostResult(name, False, exception=exc, duration=time.monotonic() - started)
         else:
             if isinstance(value, TaskOutcome):  # reached the host, and it said how it went
                 failure = None if value.ok else TaskFailed(value.error or "failed")
-                result = HostResult(host.name, value.ok, value.value, failure, time.monotonic() - started)
+                result = HostResult(name, value.ok, value.value, failure, time.monotonic() - started)
             else:
-                result = HostResult(host.name, True, value, None, time.monotonic() - started)
+                result = HostResult(name, True, value, None, time.monotonic() - started)
         finally:
             _current.group = None
             # Done with this host: its connection goes now, not when the last host is done (an idle
             # paramiko transport is a thread that wakes ten times a second, and holds its buffers).
             conn.close()
-        self._emit(host.name, "ok" if result.ok else "failed", result.error or "")
+        self._emit(name, "ok" if result.ok else "failed", result.error or "")
         return result
 
     def run(self, task: Callable[[Connection], Any], label: str = "task") -> GroupResult:
@@ -175,6 +196,37 @@ class Group:
         with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(self.hosts)))) as pool:
             futures = {h.name: pool.submit(self._one, h, task, label) for h in self.hosts}
             for name in (h.name for h in self.hosts):
+                results[name] = futures[name].result()
+        results.interrupted = self.stop.is_set()
+        return results
+
+    def run_units(self, units: dict[str, list[Host]], task: Callable[[list[Connection]], Any],
+                  label: str = "task") -> GroupResult:
+        """`task(connections)` once per unit (name -> its hosts, e.g. the ranks of one multi-node
+        server), with every host's connection open; results and progress per unit name. A unit
+        counts as one of the `forks`: its hosts work at once, within its task."""
+        results = GroupResult()
+
+        def one(name: str, hosts: list[Host]) -> HostResult:
+            # The first host's connection is opened by _one; the others' here, in the task.
+            def opened(first: Connection) -> Any:
+                conns = [first]
+                try:
+                    for host in hosts[1:]:
+                        self._emit(name, "connecting", host.target)
+                        conn = self.connection(host)
+                        conns.append(conn)
+                        conn.open()
+                    return task(conns)
+                finally:  # done with the unit: its other connections go now too (_one closes the first)
+                    for conn in conns[1:]:
+                        conn.close()
+
+            return self._one(hosts[0], opened, label, name)
+
+        with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(units)))) as pool:
+            futures = {name: pool.submit(one, name, hosts) for name, hosts in units.items()}
+            for name in units:
                 results[name] = futures[name].result()
         results.interrupted = self.stop.is_set()
         return results

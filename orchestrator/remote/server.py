@@ -614,11 +614,19 @@ def cmd_launch(args, stream=None):
 
 
 def cmd_revert(args, stream=None):
-    """Stop the failed server; put previous/ back and start it (or leave the host stopped)."""
+    """Stop the failed server; put previous/ back and start it (or leave the host stopped).
+    `relaunch_current`: this deploy's launch was refused here before it moved anything (a rank of
+    a multi-node server whose group fails): what the record names is what ran, and starts again."""
     paths = paths_for(args)
     with LeasedLock(args):
         lease_step(args, "revert")
         stopped = stop_server(paths, float(args.get("stop_grace", 120)), args.get("mode"))
+        current = read_json(paths["record"]) if args.get("relaunch_current") else None
+        if current is not None:
+            launched = start(dict(args, mode=current.get("mode") or "supervisor"), paths,
+                             args["deploy_id"] + "-revert")
+            launched.update(stopped=stopped, restored=current)
+            return launched
         prev = paths["previous"]
         record = read_json(os.path.join(prev, "deployment.json"))
         if not record:

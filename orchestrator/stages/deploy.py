@@ -19,6 +19,9 @@ Per host, on its one SSH connection (exec round trips numbered; health polls not
 A failure after the old server was stopped: its log stored under runs/<time>-deploy/, the
 release rolled back, the previous deployment started again and health-checked (revert), unless
 --no-revert. First deploy: 5 round trips (4 with nothing to push); no-op: 2.
+
+A multi-node server deploys as one unit (stages/groups.py): one HostDeploy per rank, with these
+same steps and round trips on each rank's host, meeting the other ranks where the group decides.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from . import doctor
 from . import health as health_stage
 from . import kernels, release, runs
 from .render import Rendered, RenderError, render
+from .units import Placement
 from .smoke import diagnose, run_probe, simulate_for
 
 SERVER = "server.py"
@@ -52,6 +56,9 @@ DEFAULT_STOP_GRACE_S = 120.0  # SGLang's drain has no timeout of its own: this b
 # minReadySeconds): a server that dies or turns unhealthy right after its first healthy answers
 # (a scheduler fault on the first real batch, a leak) is a failed deploy, reverted.
 DEFAULT_MIN_READY_S = 3.0
+# A non-zero rank of a multi-node server ignores SIGTERM (SGLang stops its schedulers on rank 0's
+# shutdown broadcast, and rank 0 is stopped first): past this grace it is killed.
+RANK_STOP_GRACE_S = 30.0
 # The lease's time-to-live is built from these and the deploy's own timeouts (HostDeploy.lease_ttl).
 PUSH_AND_SMOKE_S = 1200.0   # the apply and the smoke probe, 600 s each at most
 LAUNCH_CALL_S = 300.0       # a launch or revert call beyond the stop grace
@@ -222,22 +229,34 @@ def server_diagnosis(log: str, rendered: Rendered | None) -> list[str]:
 
 
 class HostDeploy:
-    """One host's deploy, step by step; `run()` returns the document the CLI reports and stores."""
+    """One host's deploy, step by step; `run()` returns the document the CLI reports and stores.
+
+    As one rank of a multi-node server (`placement`, `group`: stages/groups.py runs one per rank),
+    it renders that rank's flags and meets the other ranks where the group decides as one: after
+    its plan (restart all or none), before its launch (every smoke passed; rank 0 launches first),
+    after its health (revert all or none), before its revert (rank 0 first). A non-zero rank
+    stops its old server with a short grace (it ends on rank 0's shutdown, not on SIGTERM) and
+    passes the rank stages of health (SGLang serves it no API)."""
 
     def __init__(self, conn: Any, profile: Profile, artifacts: Artifacts, inventory_path: str,
-                 options: DeployOptions, note: Callable[[str], None] = lambda text: None):
+                 options: DeployOptions, note: Callable[[str], None] = lambda text: None,
+                 placement: Placement | None = None, group: Any = None):
         self.conn = Counted(conn)
         self.host = conn.host
         self.profile, self.artifacts, self.inventory_path = profile, artifacts, inventory_path
         self.options, self._note = options, note
+        self.placement, self.group = placement, group  # group: stages.groups.GroupSync
+        self.rank = placement.rank if placement else 0
+        self.stop_grace = options.stop_grace if self.rank == 0 else min(options.stop_grace, RANK_STOP_GRACE_S)
         self.steps: dict[str, float] = {}  # step -> seconds, in order (the bench's breakdown)
         self._step: tuple[str, float] | None = None
-        self.deploy_id = new_deploy_id()
+        self.deploy_id = group.deploy_id if group is not None else new_deploy_id()
         self.holder = holder(options.command)
         self.doc: dict[str, Any] = {"host": self.host.name, "profile": profile.name, "deploy_id": self.deploy_id,
                                     "ok": False, "action": None}
         self.rendered: Rendered | None = None
         self.leased = False
+        self.relaunch_current = False  # a revert starts the recorded server again (its launch was refused)
 
     # ------------------------------------------------------------ plumbing
 
@@ -292,6 +311,8 @@ class HostDeploy:
             self.doc["steps"] = self.steps
             self.doc["round_trips"] = {"exec": self.conn.exec, "health_polls": self.conn.polls}
             self.doc["seconds"] = round(time.monotonic() - started, 3)
+            if self.group is not None:
+                self.group.ended(self.host.name, self.doc)
 
     def _plan(self) -> dict[str, Any]:
         lease = None if self.options.dry_run else {"id": self.deploy_id, "holder": self.holder,
@@ -327,7 +348,7 @@ class HostDeploy:
         timeouts, plus a margin; a controller that dies leaves the host to others that much later
         at most (one on this machine takes it over at once: the dead pid is seen)."""
         timeouts = {**health_stage.DEFAULT_TIMEOUTS, **self.options.timeouts}
-        started = self.options.stop_grace + LAUNCH_CALL_S + sum(timeouts.values())  # a launch or revert + health
+        started = self.stop_grace + LAUNCH_CALL_S + sum(timeouts.values())  # a launch or revert + health
         if step == "revert":
             return started + LEASE_MARGIN_S
         if step == "launch":
@@ -351,10 +372,10 @@ class HostDeploy:
         patching = any(f.key.startswith("pkg/") for f in host_plan.changes)
         try:
             self.rendered = rendered = render(self.host, self.profile, planned["facts"], self.inventory_path,
-                                              check_flags=not patching)
+                                              check_flags=not patching, placement=self.placement)
         except (RenderError, SglfleetError) as exc:
             return self.fail("render", str(exc), exit_code=getattr(exc, "exit_code", 1))
-        files = render_files(rendered, self.options.stop_grace)
+        files = render_files(rendered, self.stop_grace)
         mode = self.options.manager or self.host.vars.get("sglfleet_server_manager") or \
             ("systemd" if planned.get("systemd") else "supervisor")
         if mode not in ("systemd", "supervisor"):
@@ -376,6 +397,12 @@ class HostDeploy:
             return self.fail("plan", f"{self.host.name}: refused: " + "; ".join(host_plan.refusals), refused=True)
         if foreign:
             return self.fail("plan", port_taken(self.host.name, rendered.port, foreign), refused=True, foreign=foreign)
+        if self.group is not None:  # the server restarts whole, or not at all
+            agreed = self.group.agree(self, reasons)
+            if isinstance(agreed, str):
+                self.finish(None)
+                return self.fail("plan", f"{self.host.name}: not deployed: {agreed}; nothing was changed here")
+            reasons = self.doc["restart_reasons"] = agreed
         if not reasons:
             self.finish(None)
             record = running["record"]
@@ -441,24 +468,35 @@ class HostDeploy:
                              f"{(exc.get('message') or '').splitlines()[0] if exc.get('message') else ''}; "
                              f"the running server was not touched{undo}")
         expected = probe.get("fields") or {}
-        if stopping():  # Ctrl-C before the running server is touched: leave it serving what it served
+        # Ctrl-C before the running server is touched: leave it serving what it served. A rank of a
+        # multi-node server learns it with the group's answer (every rank the same), and whether
+        # another rank failed its push or smoke; rank 0 launches first, the others after it.
+        held = self.group.launch_turn(self) if self.group is not None else \
+            ("the run was interrupted" if stopping() else None)
+        if held:
             undo = self._undo_release(applied, previous_release)
             self.finish(None)
-            return self.fail("launch", f"{self.host.name}: stopped before touching the running server: the run was "
-                             f"interrupted{undo}", stopped=True)
+            return self.fail("launch", f"{self.host.name}: stopped before touching the running server: {held}{undo}",
+                             stopped=held == "the run was interrupted")
         self.note("launch")
         try:
-            launched = self.server("launch", timeout=self.options.stop_grace + LAUNCH_CALL_S, files=files, mode=mode,
-                                   bind=rendered.bind, port=rendered.port, stop_grace=self.options.stop_grace,
+            launched = self.server("launch", timeout=self.stop_grace + LAUNCH_CALL_S, files=files, mode=mode,
+                                   bind=rendered.bind, port=rendered.port, stop_grace=self.stop_grace,
                                    programs=program_texts(), lease_ttl=self.lease_ttl("launch"),
                                    release=desired["release"])
         except RemoteError as exc:
-            if exc.detail.get("port_taken") or exc.exit_status == 3:  # refused before anything was stopped
+            refused = exc.detail.get("port_taken") or exc.exit_status == 3  # before anything was stopped
+            if self.group is not None:
+                self.group.launched(self, "refused" if refused else "failed")
+            if refused and self.rank == 0:  # (a later rank fails with its group, reverted as after a start)
                 undo = self._undo_release(applied, previous_release)
                 return self.fail("launch", f"{exc}{undo}", port_taken=exc.detail.get("port_taken"))
+            self.relaunch_current = bool(refused)  # its recorded server ran on here until rank 0 stopped
             # It failed after it may have stopped the old server: revert as after a failed start.
             return self._failed_after_launch(health_stage.HealthResult(ok=False, failed={
                 "stage": "launch", "message": str(exc)}), applied, previous_release, mode)
+        if self.group is not None:
+            self.group.launched(self, "ok")
         self.doc["stopped"] = launched.get("stopped")
         self.doc["launched"] = {k: launched.get(k) for k in ("pid", "started", "mode", "start_id")}
         result = self._health(mode, rendered, expected)
@@ -467,12 +505,16 @@ class HostDeploy:
             with self.conn.polling():
                 health_stage.stays_healthy(self.conn, self.server_args(mode=mode, bind=rendered.bind,
                                                                        port=rendered.port),
-                                           self.options.min_ready, result, self.note)
+                                           self.options.min_ready, result, self.note,
+                                           self.group.abort if self.group is not None else None)
+        if self.group is not None:  # healthy only if every rank is: else every rank reverts
+            result = self.group.healthy(self, result)
         record = {"profile": self.profile.name, "deploy_id": self.deploy_id, "release": desired["release"],
                   "argv": rendered.command, "argv_hash": desired["argv_hash"], "env_hash": desired["env_hash"],
                   "files_hash": desired["files_hash"], "pid": launched.get("pid"), "started": launched.get("started"),
                   "start_id": launched.get("start_id"), "mode": mode, "bind": rendered.bind, "port": rendered.port,
-                  "health": result.timings, "controller": self.holder, "expected": expected}
+                  "health": result.timings, "controller": self.holder, "expected": expected,
+                  **({"placement": self.placement.to_json()} if self.placement else {})}
         if result.ok:
             self.note("record")
             self.finish(record)
@@ -517,16 +559,22 @@ class HostDeploy:
         self.doc["rolled_back"] = {"release": applied["release"], "to": previous}
         return f"; release {applied['release']} rolled back to {previous or 'pristine'}"
 
-    def _health(self, mode: str, rendered: Rendered, expected: dict[str, Any],
-                interruptible: bool = True) -> health_stage.HealthResult:
+    def _health(self, mode: str, rendered: Any, expected: dict[str, Any], interruptible: bool = True,
+                rank: int | None = None) -> health_stage.HealthResult:
+        """The staged health (rank 0 and single hosts) or the rank stages (a non-zero rank)."""
         base = self.server_args(mode=mode, bind=rendered.bind, port=rendered.port)
+        rank = self.rank if rank is None else rank
         self.note("health")
         with self.conn.polling():
-            return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note, interruptible)
+            return health_stage.check(self.conn, base, self.options.timeouts, expected, self.note, interruptible,
+                                      health_stage.STAGES if rank == 0 else health_stage.RANK_STAGES,
+                                      self.group.abort if self.group is not None and interruptible else None)
 
     def _failed_after_launch(self, result: health_stage.HealthResult, applied: dict[str, Any] | None,
                              previous_release: str | None, mode: str) -> dict[str, Any]:
         failed = result.failed or {}
+        if self.group is not None:  # every rank reverts: the others stop waiting for their health
+            self.group.failing(self, result.summary())
         if failed.get("interrupted"):
             self.doc["interrupted"] = True  # Ctrl-C while the new server was waited for: reverted (exit 130)
         log = failed.get("log") or ""
@@ -540,19 +588,25 @@ class HostDeploy:
                              "are for debugging")
         self.note("revert")
         undo = self._undo_release(applied, previous_release)
+        if self.group is not None:
+            self.group.revert_turn(self)  # rank 0 first, as at the launch
         try:
-            reverted = self.server("revert", timeout=self.options.stop_grace + LAUNCH_CALL_S, mode=mode,
-                                   stop_grace=self.options.stop_grace, programs=program_texts(),
-                                   lease_ttl=self.lease_ttl("revert"))
+            reverted = self.server("revert", timeout=self.stop_grace + LAUNCH_CALL_S, mode=mode,
+                                   stop_grace=self.stop_grace, programs=program_texts(),
+                                   lease_ttl=self.lease_ttl("revert"), relaunch_current=self.relaunch_current)
         except RemoteError as exc:
             return self.fail("revert", f"{summary}{undo}; reverting the server FAILED: {exc}")
+        finally:
+            if self.group is not None:
+                self.group.reverted(self)
         previous = reverted.get("restored")
         self.doc["reverted"] = {"stopped_failed": reverted.get("stopped"), "restored": bool(previous)}
         if not previous:
             self.finish(None)
             return self.fail("health", f"{summary}{undo}; nothing ran before, the host is left stopped")
         back = self._health(previous.get("mode") or "supervisor", _Bind(previous), previous.get("expected") or {},
-                            interruptible=False)  # a revert under way finishes, Ctrl-C or not
+                            interruptible=False,  # a revert under way finishes, Ctrl-C or not
+                            rank=int((previous.get("placement") or {}).get("rank") or 0))
         record = dict(previous, pid=reverted.get("pid"), started=reverted.get("started"),
                       start_id=reverted.get("start_id"), health=back.timings, reverted_from=self.deploy_id)
         self.doc["reverted"].update(pid=reverted.get("pid"), healthy=back.ok, health=back.timings,
@@ -625,8 +679,10 @@ def store(directory: Path, host: str, document: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- status and stop
 
 
-def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict[str, Any]:
-    """Desired (with a profile: rendered from fresh facts) vs running, drift flagged."""
+def status_host(conn: Any, profile: Profile | None, inventory_path: str,
+                placement: Placement | None = None) -> dict[str, Any]:
+    """Desired (with a profile: rendered from fresh facts; a rank of a multi-node server with its
+    `placement`) vs running, drift flagged. A row of a rank says its place (from its record)."""
     answer = remote_call.call(conn, SERVER, "status", {"profile": profile.name if profile else None})
     rows = []
     desired = None
@@ -635,7 +691,8 @@ def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict
         planned = plan_call(conn, profile, artifacts, {"holder": holder("status")}, recover=False,
                             inventory_path=inventory_path)
         try:
-            rendered = render(conn.host, profile, planned["facts"], inventory_path, check_flags=False)
+            rendered = render(conn.host, profile, planned["facts"], inventory_path, check_flags=False,
+                              placement=placement)
             files = render_files(rendered)
             desired = {"release": planned["inspect"].get("current"), "argv_hash": digest(json.dumps(rendered.command)),
                        "env_hash": digest(files["env"]),
@@ -676,6 +733,7 @@ def status_host(conn: Any, profile: Profile | None, inventory_path: str) -> dict
                      "argv_hash": record.get("argv_hash"), "uptime_s": entry.get("uptime_s"),
                      "health": entry.get("health"), "accept_length": entry.get("accept_length"),
                      "stopped": record.get("stopped"), "drift": drift, "desired": desired,
+                     "placement": record.get("placement"), "exit_code": running.get("exit_code"),
                      "log_tail": entry.get("log_tail"), "interrupted": interrupted,
                      "deploying": lease if lease and not left and lease.get("profile") == name else None})
     if profile is not None and not rows:

@@ -25,6 +25,9 @@ from ..fleet.group import stopping
 from ..fleet.remote_call import call
 
 STAGES = ("alive", "port", "health", "health_generate", "generate", "server_info")
+# A non-zero rank of a multi-node server serves no API: SGLang's dummy health server on its
+# --host/--port answers /health once the whole group is up (rank 0 runs the stages above).
+RANK_STAGES = ("alive", "port", "health")
 # Per stage, seconds. `port` covers the model load (weights, KV cache, CUDA graphs): SGLang
 # listens only once loaded, and its own warm-up timeout suggestion is 1800 s with DeepGEMM.
 DEFAULT_TIMEOUTS = {"alive": 15.0, "port": 1800.0, "health": 300.0, "health_generate": 300.0, "generate": 120.0,
@@ -72,13 +75,15 @@ def config_mismatches(info: dict[str, Any], expected: dict[str, Any]) -> list[st
 
 
 def check(conn: Any, base_args: dict[str, Any], timeouts: dict[str, float], expected: dict[str, Any],
-          note: Callable[[str], None] = lambda text: None, interruptible: bool = True) -> HealthResult:
-    """The staged health; `interruptible`: a Ctrl-C ends the wait (not for a revert's own health)."""
+          note: Callable[[str], None] = lambda text: None, interruptible: bool = True,
+          stages: tuple[str, ...] = STAGES, abort: Abort | None = None) -> HealthResult:
+    """The staged health; `interruptible`: a Ctrl-C ends the wait (not for a revert's own health);
+    `abort`: set when another rank of the same server failed, which ends this wait too."""
     result = HealthResult(ok=False)
-    for stage in STAGES:
+    for stage in stages:
         timeout = float(timeouts.get(stage, DEFAULT_TIMEOUTS[stage]))
         answer = _timed(conn, dict(base_args, stage=stage, timeout=timeout, prompt=PROMPT), timeout, note,
-                        interruptible)
+                        interruptible, abort)
         if not answer.get("ok"):
             result.failed = answer
             return result
@@ -97,11 +102,11 @@ def check(conn: Any, base_args: dict[str, Any], timeouts: dict[str, float], expe
 
 
 def stays_healthy(conn: Any, base_args: dict[str, Any], seconds: float, result: HealthResult,
-                  note: Callable[[str], None] = lambda text: None) -> HealthResult:
+                  note: Callable[[str], None] = lambda text: None, abort: Abort | None = None) -> HealthResult:
     """After the staged health passed: the server must stay alive and answer /health 200 for
     `seconds` straight (one call polling on the host, its last check at the window's end). A
     failure turns `result` into a failed one at stage `min_ready` (with the exit code and log)."""
-    answer = _timed(conn, dict(base_args, stage="min_ready", timeout=seconds), seconds, note)
+    answer = _timed(conn, dict(base_args, stage="min_ready", timeout=seconds), seconds, note, True, abort)
     if answer.get("ok"):
         result.stages.append({"stage": "min_ready", "seconds": answer["seconds"]})
     else:
@@ -114,10 +119,23 @@ def stays_healthy(conn: Any, base_args: dict[str, Any], seconds: float, result: 
 SLICE_S = 5.0
 
 
+class Abort(threading.Event):
+    """Set, with why, when the wait is over for another reason than this server's own answers
+    (another rank of its multi-node server failed)."""
+
+    why: str = ""
+
+    def fire(self, why: str) -> None:
+        if not self.is_set():
+            self.why = why
+            self.set()
+
+
 def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str], None],
-           interruptible: bool = True) -> dict[str, Any]:
+           interruptible: bool = True, abort: Abort | None = None) -> dict[str, Any]:
     """One stage, in calls of at most SLICE_S, with its elapsed time shown live. Between calls a
-    stopping run (Ctrl-C) ends the wait: {"interrupted": True}. `min_ready` must pass every slice."""
+    stopping run (Ctrl-C) ends the wait: {"interrupted": True}, and so does `abort`: {"aborted":
+    True}. `min_ready` must pass every slice."""
     stage, started, done = args["stage"], time.monotonic(), threading.Event()
 
     def tick() -> None:
@@ -144,6 +162,10 @@ def _timed(conn: Any, args: dict[str, Any], timeout: float, note: Callable[[str]
                 return {"ok": False, "stage": stage, "interrupted": True, "seconds": answer["seconds"],
                         "message": f"interrupted (Ctrl-C) after {answer['seconds']:.1f}s of waiting",
                         "last": answer.get("last"), "log": answer.get("log"), "pid": answer.get("pid")}
+            if abort is not None and abort.is_set():
+                return {"ok": False, "stage": stage, "aborted": True, "seconds": answer["seconds"],
+                        "message": f"not waited for further: {abort.why}", "last": answer.get("last"),
+                        "pid": answer.get("pid")}
     finally:
         done.set()
         ticker.join()

@@ -194,3 +194,27 @@ def placements(inventory: Inventory, hosts: list[Host], profile: Profile) -> dic
     for unit in units(inventory, hosts, profile, whole=False):
         found.update({h.name: unit.placements[h.name] for h in unit.hosts if h.name in unit.placements})
     return found
+
+
+def rank_labels(inventory: Inventory) -> dict[str, str]:
+    """Host -> `host/rank` for every rank of a server group (how `logs` prefixes their lines)."""
+    return {r.host.name: f"{r.host.name}/{r.rank}" for group in server_groups(inventory).values() for r in group.ranks}
+
+
+def serving_hosts(inventory: Inventory, hosts: list[Host]) -> tuple[list[str], list[str]]:
+    """The hosts whose server answers for itself (`metrics` reads them): a lone host, or rank 0 of
+    a server group in place of any of its ranks (the others log no decode lines and serve no
+    metrics of the server); and a note for each rank so replaced."""
+    groups = server_groups(inventory)
+    names: list[str] = []
+    notes: list[str] = []
+    for host in hosts:
+        name = host.vars.get(SERVER_GROUP_VAR)
+        group = groups.get(str(name)) if name is not None else None
+        chosen = group.leader.name if group is not None else host.name
+        if chosen != host.name:
+            notes.append(f"{host.name} is rank {group.rank_of(host.name).rank} of server group {group.name}: "
+                         f"its server's figures are rank 0's ({chosen})")
+        if chosen not in names:
+            names.append(chosen)
+    return names, notes
