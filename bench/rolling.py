@@ -71,6 +71,9 @@ a = json.loads(sys.argv[1])
 record = json.load(open(a["record"]))
 argv = list(record["argv"])
 argv[argv.index("--port") + 1] = str(a["port"])
+if a.get("dist_port"):  # a rank of a multi-node server: its group meets on another port too
+    i = argv.index("--dist-init-addr") + 1
+    argv[i] = argv[i].rsplit(":", 1)[0] + ":" + str(a["dist_port"])
 host = record.get("bind") or "127.0.0.1"
 null = open(os.devnull, "wb")
 began = time.monotonic()
@@ -110,11 +113,14 @@ print(json.dumps(out))
 '''
 
 
-def measure_start(inventory_path: Path, hosts: list[str], profile: str, port: int, timeout: float = 300) -> dict:
-    """The stand-in started on each of `hosts` at once, outside sglfleet: host -> seconds."""
+def measure_start(inventory_path: Path, hosts: list[str], profile: str, port: int, timeout: float = 300,
+                  dist_port: int | None = None) -> dict:
+    """The stand-in started on each of `hosts` at once, outside sglfleet: host -> seconds. The
+    ranks of a multi-node server (`dist_port`: where they meet instead) start together, as one."""
     inv = load_inventory(str(inventory_path))
     paths = server_paths(profile)
-    arg = json.dumps({"record": paths["record"], "env_file": paths["env_file"], "port": port, "timeout": timeout})
+    arg = json.dumps({"record": paths["record"], "env_file": paths["env_file"], "port": port, "timeout": timeout,
+                      "dist_port": dist_port})
     group = Group.from_inventory(inv, ",".join(hosts), forks=len(hosts))
 
     def probe(conn: Any) -> dict:
@@ -221,6 +227,20 @@ def measure_starts(inventory_path: Path, batch: list[str], profile: str, port: i
             "samples": {"alone_s": alone, "batch_s": together, "exit_s": exits}}
 
 
+def bench_lab(lab_dir: str, subnet: str) -> tuple[Lab, LabRouter, Path]:
+    """A benchmark's lab and router (state in `lab_dir`, its work files beside it in `-work`); a
+    lab left there by another network namespace (unreachable from here) is taken down first."""
+    work = Path(lab_dir + "-work")
+    work.mkdir(parents=True, exist_ok=True)
+    lab = Lab(state_dir=Path(lab_dir), inventory_path=work / "lab.yaml", subnet=subnet)
+    router = LabRouter(lab.state_dir, lab.subnet)
+    if any(not _reachable(h.address) for h in lab.hosts() if lab.init_pid(h) is not None):
+        print("the lab in this state dir runs in another network namespace: restarting it", file=sys.stderr)
+        router.stop()
+        lab.down()
+    return lab, router, work
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=8)
@@ -243,15 +263,7 @@ def main() -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
-
-    work = Path(args.lab_dir + "-work")
-    work.mkdir(parents=True, exist_ok=True)
-    lab = Lab(state_dir=Path(args.lab_dir), inventory_path=work / "lab.yaml", subnet=args.subnet)
-    router = LabRouter(lab.state_dir, lab.subnet)
-    if any(not _reachable(h.address) for h in lab.hosts() if lab.init_pid(h) is not None):
-        print("the lab in this state dir runs in another network namespace: restarting it", file=sys.stderr)
-        router.stop()
-        lab.down()
+    lab, router, work = bench_lab(args.lab_dir, args.subnet)
     try:
         return run(args, lab, router, work)
     finally:

@@ -5,7 +5,8 @@ One private lab for the module; the tests run in order on what the earlier ones 
 deploy both groups (rank 0 launched first, every rank recorded with the group and the release)
 and a no-op rerun (2 round trips per host); status, logs and metrics of a group; a non-zero rank
 killed (the group is down, the NCCL error shown) and redeployed; a rank that fails reverts the
-whole group; stop takes rank 0 first and the other ranks end on its shutdown.
+whole group; a rolling restart of both groups under load fails no request; stop takes rank 0
+first and the other ranks end on its shutdown.
 """
 
 from __future__ import annotations
@@ -235,6 +236,39 @@ def test_a_rank_that_fails_reverts_the_whole_group(glab):
     for host in (a0, a1):  # release 1's argv and environment again, not release 2's
         record = json.loads(glab.run(host, "cat /var/lib/sglfleet/servers/big/deployment.json"))
         assert record["env_hash"] == records[host]["env_hash"] and record.get("reverted_from")
+
+
+def test_a_rolling_restart_of_both_groups_under_load_fails_no_request(glab):
+    from orchestrator.fleet.router import RouterClient
+    from orchestrator.lab.loadgen import LoadGenerator
+
+    client = RouterClient(glab.url)
+    for group in glab.groups:  # each group's rank 0 is its only worker
+        client.ensure(glab.worker(group), 60)
+    load = LoadGenerator(glab.url, rate=8, clients=8, duration=900, max_new_tokens=4).start()
+    try:
+        code, doc = glab.cli("restart", "--rolling", "all", glab.profile(), "--batch", "1", "--max-unavailable", "1",
+                             "--min-ready", "1", timeout=600)
+    finally:
+        load.stop()
+    stats = load.wait().summary()
+    print(f"\nrolling restart of 2 groups under load: {stats}; {doc.get('seconds')}s")
+    assert code == 0, json.dumps(doc, indent=1)[-4000:]
+    assert [h["outcome"] for h in doc["hosts"].values()] == ["restarted", "restarted"], doc["hosts"]
+    assert stats["requests"] > 50 and stats["failed"] == 0, stats
+    assert doc["max_unavailable_peak"] <= 1 and min(doc["min_healthy_workers"].values()) >= 1
+    assert sorted(w.url for w in client.workers()) == sorted(glab.worker(g) for g in glab.groups)
+    for group, hosts in glab.groups.items():
+        detail = doc["hosts"][group]["detail"]
+        assert list(detail["ranks"]) == hosts
+        for host in hosts:  # every rank restarted (its old server stopped, a new one started)
+            rank = detail["ranks"][host]
+            assert rank["stopped"]["was_running"] is not None and rank["launched"]["pid"], rank.get("summary")
+        times = doc["hosts"][group]["times"]
+        assert times["out_at_s"] < times["back_at_s"]
+    # one group out of routing at a time: the second left only once the first was back
+    first, second = (doc["hosts"][g]["times"] for g in glab.groups)
+    assert first["back_at_s"] <= second["out_at_s"] or second["back_at_s"] <= first["out_at_s"]
 
 
 def test_stop_takes_rank_0_first_and_the_others_end_on_its_shutdown(glab):

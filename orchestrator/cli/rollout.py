@@ -213,11 +213,13 @@ def report(doc: dict[str, Any]) -> None:
             summary = h["summary"][len(name) + 2:] if h["summary"].startswith(name + ": ") else h["summary"]
             output.stdout.print(f"[red]{output.escape(name)}[/]: {output.escape(summary)}", highlight=False)
             detail = h.get("detail") or {}
-            if detail.get("server_log"):
-                output.stdout.print("[bold]server log since its start:[/]")
-                output.write_host_text(detail["server_log"] if detail["server_log"].endswith("\n")
-                                       else detail["server_log"] + "\n")
-                sys.stdout.flush()
+            for part in [detail, *(detail.get("ranks") or {}).values()]:  # a server group: each rank's
+                if part.get("server_log"):
+                    where = f" ({part.get('host')})" if part is not detail else ""
+                    output.stdout.print(f"[bold]server log since its start{output.escape(where)}:[/]")
+                    output.write_host_text(part["server_log"] if part["server_log"].endswith("\n")
+                                           else part["server_log"] + "\n")
+                    sys.stdout.flush()
     mins = doc.get("min_healthy_workers") or {}
     if mins:
         output.stdout.print("fewest healthy workers seen: " + ", ".join(f"{u}: {n}" for u, n in mins.items()),
@@ -234,6 +236,7 @@ def report(doc: dict[str, Any]) -> None:
 def _smoke_cell(host: dict[str, Any]) -> str:
     """The smoke gate's time, or why a restart skipped it (its record vouched for it)."""
     detail = host.get("detail") or {}
+    detail = next(iter((detail.get("ranks") or {}).values()), detail)  # a server group: as its rank 0
     smoke = detail.get("smoke") or {}
     if smoke.get("skipped"):
         return "skipped (passed at deploy)"

@@ -26,6 +26,14 @@ After each batch: failed / batch size above `max_fail_percentage` (exceeded, not
 the rollout; hosts not reached are untouched; `resume=True` (CLI --continue) picks up at the first
 host not done, from the state file.
 
+A multi-node server (a server group, stages/units.py) is one unit of the rollout: it takes one
+place in a batch and one `max_unavailable` slot; only its rank 0 is a router worker (its
+sglfleet_router_url and worker URL are rank 0's); it is taken out of routing once, before rank 0's
+launch, all its ranks are replaced as `stages.groups.GroupDeploy` does (rank 0 first, health on
+every rank, a failure reverting every rank), and its min_ready is every rank alive and healthy for
+that long (inside the group's deploy, so a failure there reverts the whole group too); then it
+goes back in. A pattern must select whole groups.
+
 Round trips per host are HostDeploy's (see stages/deploy.py; a vouched restart: plan, launch,
 record); the router calls are HTTP from this machine (fleet/router.py), each URL checked by the
 loopback guard. Each host's document keeps its phase times and, on the rollout's one clock,
@@ -53,8 +61,11 @@ from ..fleet.inventory import Host, Inventory
 from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_healthy, worker_in_flight)
 from ..numbers import check_number
 from ..spec.profile import Artifacts, Profile, with_overrides
+from ..fleet.server_groups import server_groups
 from . import deploy as deploy_stage
+from . import groups as groups_stage
 from . import health as health_stage
+from . import units as units_stage
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 
@@ -393,11 +404,14 @@ class _RestartDeploy(deploy_stage.HostDeploy):
 
 
 class HostRoll:
-    """One host's turn: prepare, take out, replace, min_ready, put back; returns its document."""
+    """One unit's turn (a host, or the ranks of a multi-node server on `conns`, rank 0 first):
+    prepare, take out, replace, min_ready, put back; returns its document."""
 
-    def __init__(self, run: "Rollout", conn: Any, batch: int = 0):
+    def __init__(self, run: "Rollout", conn: Any, batch: int = 0, conns: list[Any] | None = None):
         self.run, self.conn, self.host, self.batch = run, conn, conn.host, batch
-        self.name = conn.host.name
+        self.unit = run.unit_of.get(conn.host.name) if hasattr(run, "unit_of") else None
+        self.conns = conns or [conn]
+        self.name = self.unit.name if self.unit is not None else conn.host.name
         self.url = run.worker_urls[self.name]
         self.routers = [RouterClient(u, timeout=10) for u in host_routers(self.host)]
         self.taken_out = False
@@ -517,7 +531,14 @@ class HostRoll:
         started = time.monotonic()
         self.times["prepare_at_s"] = self.run.clock()
         self.stage("prepare")
-        doc = kind(self.conn, run.profile, run.artifacts, run.inventory.path, run.deploy_options, self.note).run()
+        group = self.unit is not None and self.unit.is_group
+        if group:  # every rank at once; its min_ready on every rank, inside (a failure reverts them all)
+            options = dataclasses.replace(run.deploy_options, min_ready=run.options.min_ready)
+            doc = groups_stage.GroupDeploy(self.unit, self.conns, run.profile, run.artifacts, run.inventory.path,
+                                           options, self.note, lambda label, text: self.stage(f"{label}: {text}"),
+                                           kind=kind).run()
+        else:
+            doc = kind(self.conn, run.profile, run.artifacts, run.inventory.path, run.deploy_options, self.note).run()
         doc["worker_url"], doc["routers"] = self.url, [r.url for r in self.routers]
         if not self.taken_out:
             # Nothing changed on the host (unchanged, refused, or failed before its launch).
@@ -525,8 +546,10 @@ class HostRoll:
             doc["rollout_times"], doc["rollout_seconds"] = self.times, round(time.monotonic() - started, 3)
             return doc
         reverted = doc.get("reverted") or {}
+        if group and "min_ready" in (doc.get("health") or {}):
+            self.times["min_ready_s"] = doc["health"]["min_ready"]
         if doc.get("ok"):
-            why = self.stays_ready()
+            why = None if group else self.stays_ready()
             if why:
                 doc = self.revert_after_min_ready(doc, why)
                 reverted = doc.get("reverted") or {}
@@ -569,7 +592,11 @@ class Rollout:
         self.inventory, self.pattern, self.profile = inventory, pattern, profile
         self.artifacts = artifacts if artifacts is not None else profile.artifacts()
         self.options, self.events, self.host_key_policy = options, events, host_key_policy
-        self.hosts = inventory.select(pattern)
+        # The units of the rollout (stages/units.py): a host, or a server group under its own name
+        # with rank 0's address, vars and routers (unit_host): what routing sees of it.
+        self.units = units_stage.units(inventory, inventory.select(pattern), profile)
+        self.hosts = [unit_host(u) for u in self.units]
+        self.unit_of = {u.leader.name: u for u in self.units}
         if not self.hosts:
             raise ConfigError(f"pattern '{pattern}' selects no host")
         if not options.no_router and routing_refusal(self.hosts):
@@ -628,7 +655,10 @@ class Rollout:
         """Router URL -> how many hosts of the whole inventory it fronts (hosts outside the pattern
         keep serving through it); NO_ROUTER: the selected hosts without one."""
         sizes: dict[str, int] = {}
+        followers = {r.host.name for g in server_groups(self.inventory).values() for r in g.ranks[1:]}
         for h in self.inventory.hosts.values():
+            if h.name in followers:  # a server group's other ranks are no router workers
+                continue
             for url in host_routers(h):
                 sizes[url] = sizes.get(url, 0) + 1
         sizes[NO_ROUTER] = len(without_router(self.hosts))
@@ -840,14 +870,22 @@ class Rollout:
                 "exit_code": 130 if (halted or {}).get("why") == "interrupted" else (1 if failed_hosts or halted else 0)}
 
     def _run_batch(self, k: int, batch: list[str], by_name: dict[str, Host], known: KnownHosts) -> Any:
-        group = Group([by_name[n] for n in batch], known, forks=len(batch), host_key_policy=self.host_key_policy,
-                      inventory=self.inventory, stop=self.stop)
+        members = {u.name: u.hosts for u in self.units if u.name in batch}  # a unit's hosts, rank 0 first
+        group = Group([h for n in batch for h in members[n]], known, forks=len(batch),
+                      host_key_policy=self.host_key_policy, inventory=self.inventory, stop=self.stop)
         with group:
-            return group.run(lambda conn: self._host_task(conn, k), "rollout")
+            return group.run_units({n: members[n] for n in batch}, lambda conns: self._host_task(conns[0], k, conns),
+                                   "rollout")
 
-    def _host_task(self, conn: Any, k: int) -> Any:
-        doc = HostRoll(self, conn, k)()
+    def _host_task(self, conn: Any, k: int, conns: list[Any] | None = None) -> Any:
+        doc = HostRoll(self, conn, k, conns)()
         return TaskOutcome(bool(doc.get("ok")), doc, None if doc.get("ok") else doc.get("summary"))
+
+
+def unit_host(unit: units_stage.Unit) -> Host:
+    """A unit as routing sees it: a host as it is; a server group under its own name, with rank 0's
+    address, vars and routers (the rollout's batches, slots and state are keyed by that name)."""
+    return unit.leader if not unit.is_group else dataclasses.replace(unit.leader, name=unit.name)
 
 
 def _release_now(doc: dict[str, Any]) -> str | None:
