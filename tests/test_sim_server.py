@@ -1,5 +1,8 @@
 """The lab's SGLang stand-in (sglfleet-sim-server) on a lab host: the real SGLang validates the
-argv in a child process that exits, so the serving process stays small; refusals look as before.
+argv in a process that exits (a fork of the host's warm validator, or with SGLFLEET_SIM_WARM_S=0 a
+fresh child), so the serving process stays small; refusals look as before in both ways. The warm
+validator is reused while nothing it imported changed, and replaced when a file or the
+environment did, and it goes away when idle.
 
 Started by hand on the host (as test_lab_image.py does), not through deploy: these are the
 stand-in's own promises. Deploy's use of it is in test_deploy*.py.
@@ -26,15 +29,24 @@ M = "/root/models"
 DFLASH = [f"--model-path={M}/Qwen3-8B", "--speculative-algorithm", "DFLASH",
           f"--speculative-draft-model-path={M}/Qwen3.6-27B-DFlash", "--speculative-dflash-block-size", "16"]
 SERVER = "^/root/ml-env/bin/python3 /usr/local/bin/sglfleet-sim-server"
+VALIDATOR = "^/root/ml-env/bin/python3 -X sglfleet_warm_validator /usr/local/bin/sglfleet-sim-server"
 RSS_LIMIT_MB = 100
+# How each test starts the stand-in: through the host's warm validator (the default) or a fresh
+# validation child per start.
+MODES = {"fresh": "SGLFLEET_SIM_WARM_S=0", "warm": ""}
 
 
 @pytest.fixture
 def conn(inventory):
     c = Connection(inventory.hosts["ct129"], KnownHosts(inventory.known_hosts_path))
     yield c
-    c.run(f"pkill -KILL -f '{SERVER}'; true")
+    c.run(f"pkill -KILL -f '{SERVER}'; true")  # the warm validator stays for the next test, as for a deploy
     c.close()
+
+
+def no_validator(conn):
+    conn.run(f"pkill -KILL -f '{VALIDATOR}'; true")
+    assert wait_for(lambda: validator(conn) is None, timeout=10)
 
 
 def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0"):
@@ -54,6 +66,27 @@ def exit_status(conn, timeout=120):
     return int(text)
 
 
+def validator(conn):
+    """The pid of the host's warm validator (None: there is none)."""
+    out = conn.run(f"pgrep -o -f '{VALIDATOR}'").stdout_text.split()
+    return int(out[0]) if out else None
+
+
+def validation_children(conn, pid):
+    return [int(p) for p in conn.run(f"pgrep -P {pid}").stdout_text.split()]
+
+
+def validator_log(conn):
+    return conn.run("cat /var/lib/sglfleet-lab/validator.log").stdout_text
+
+
+def validated_by(conn):
+    """The warm validator's pid as the stand-in's log names it (None: validated otherwise)."""
+    log = conn.run("cat /tmp/sim.log").stdout_text
+    found = re.findall(r"in a fork of this host's warm validator \(pid (\d+)\)", log)
+    return int(found[-1]) if found else None
+
+
 def stand_ins(conn):
     """pid -> resident MiB of every sglfleet-sim-server process on the host."""
     out = conn.run(f"for p in $(pgrep -f '{SERVER}'); do echo $p $(awk '/^VmRSS:/ {{print $2}}' /proc/$p/status); "
@@ -61,11 +94,30 @@ def stand_ins(conn):
     return {int(out[i]): int(out[i + 1]) / 1024 for i in range(0, len(out) - 1, 2)}
 
 
-def test_serving_process_stays_small_and_answers_with_sglangs_resolved_args(conn):
+def test_sigterm_while_validating_ends_the_validation_too(conn):
+    no_validator(conn)
+    start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"], MODES["fresh"])
+    # The serving process and its validation child (which imports SGLang for seconds).
+    both = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(stand_ins(conn)), timeout=30, step=0.05)
+    assert both, "the validation never ran in a child process"
+    conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")  # the oldest: the serving process
+    assert exit_status(conn, timeout=30) == 128 + 15
+    assert wait_for(lambda: stand_ins(conn) == {}, timeout=10), stand_ins(conn)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_serving_process_stays_small_and_answers_with_sglangs_resolved_args(conn, mode):
     url = f"http://{conn.host.address}:30000"
+    if mode == "fresh":
+        no_validator(conn)  # and none is started
     start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000", "--enable-metrics"],
-          "SGLFLEET_SIM_LOAD_DELAY=0 SGLFLEET_SIM_DECODE_LOG_S=0.5")
+          f"SGLFLEET_SIM_LOAD_DELAY=0 SGLFLEET_SIM_DECODE_LOG_S=0.5 {MODES[mode]}")
     assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=120), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
+    # Validated where the mode says: a fork of the warm validator, which stays; or a fresh child.
+    if mode == "warm":
+        assert validated_by(conn) == validator(conn) is not None
+    else:
+        assert validated_by(conn) is None and validator(conn) is None
     # One process left (the validation child has exited), and it is small.
     processes = wait_for(lambda: (lambda p: p if len(p) == 1 else None)(stand_ins(conn)), timeout=10)
     assert processes and len(processes) == 1, stand_ins(conn)
@@ -88,25 +140,85 @@ def test_serving_process_stays_small_and_answers_with_sglangs_resolved_args(conn
     assert exit_status(conn, timeout=30) == 0
 
 
-def test_a_config_sglang_refuses_exits_with_its_traceback_and_leaves_nothing(conn):
-    start(conn, DFLASH[:3] + ["--host", conn.host.address, "--port", "30000"])  # no draft model
+@pytest.mark.parametrize("mode", MODES)
+def test_a_config_sglang_refuses_exits_with_its_traceback_and_leaves_nothing(conn, mode):
+    start(conn, DFLASH[:3] + ["--host", conn.host.address, "--port", "30000"], MODES[mode])  # no draft model
     assert exit_status(conn) == 1
     log = conn.run("cat /tmp/sim.log").stdout_text
     assert "Traceback (most recent call last)" in log and "sglang/srt/server_args.py" in log, log[-3000:]
     assert log.strip().splitlines()[-1].startswith("ValueError:") and "draft-model-path" in log, log[-3000:]
     assert "Uvicorn running" not in log and stand_ins(conn) == {}
 
-    start(conn, DFLASH + ["--no-such-flag"])  # argparse: SGLang's usage message, exit 2
+    start(conn, DFLASH + ["--no-such-flag"], MODES[mode])  # argparse: SGLang's usage message, exit 2
     assert exit_status(conn) == 2
     assert "unrecognized arguments: --no-such-flag" in conn.run("cat /tmp/sim.log").stdout_text
     assert stand_ins(conn) == {}
 
 
-def test_sigterm_while_validating_ends_the_validation_too(conn):
+def test_sigterm_while_validating_in_the_warm_validator_ends_that_validation(conn):
     start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"])
-    # The serving process and its validation child (which imports SGLang for seconds).
-    both = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(stand_ins(conn)), timeout=30, step=0.05)
-    assert both, "the validation never ran in a child process"
-    conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")  # the oldest: the serving process
+    # The serving process, and the warm validator's child validating for it.
+    forked = wait_for(lambda: (lambda z: z and validation_children(conn, z) and (z, validation_children(conn, z)))(
+        validator(conn)), timeout=120, step=0.05)
+    assert forked, "the validation never ran in a fork of the warm validator"
+    (warm, (child,)) = forked
+    assert list(stand_ins(conn)) and child not in stand_ins(conn)
+    conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
     assert exit_status(conn, timeout=30) == 128 + 15
-    assert wait_for(lambda: stand_ins(conn) == {}, timeout=10), stand_ins(conn)
+    assert wait_for(lambda: stand_ins(conn) == {} and validation_children(conn, warm) == [], timeout=10), \
+        (stand_ins(conn), validation_children(conn, warm))
+    assert validator(conn) == warm  # the validator itself stays, for the next start
+
+
+def serve_and_stop(conn, env=""):
+    """One start of the stand-in through to /health 200, then SIGTERM; the warm validator's pid that
+    validated it."""
+    url = f"http://{conn.host.address}:30000"
+    start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"], f"SGLFLEET_SIM_LOAD_DELAY=0 {env}")
+    assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=120), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
+    conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
+    assert exit_status(conn, timeout=30) == 0
+    return validated_by(conn)
+
+
+def test_the_warm_validator_is_reused_until_a_file_it_imported_or_the_environment_changes(conn):
+    """Reused across starts that differ only in the stand-in's own knobs; a file the validation
+    imports lazily is read from disk at each start; a file the validator imported, edited on the
+    host (as a push or a hand edit would), replaces it at the next start, which sees the new bytes;
+    so does an environment that differs in what SGLang's import reads, and only that. Without the
+    check of its files it would validate with the old module (exit 0) where a fresh SGLang fails."""
+    first = serve_and_stop(conn)
+    assert first is not None and validator(conn) == first
+    # the stand-in's knobs and a setting SGLang never reads at import: the same validator
+    assert serve_and_stop(conn, "SGLFLEET_SIM_DECODE_LOG_S=1 ROLL_RELEASE=b") == first, validator_log(conn)
+
+    root = "/root/ml-env/lib/python3.11/site-packages/sglang/srt"
+    marker = "raise RuntimeError('sglfleet test: %s edited on the host')"
+    argv = DFLASH + ["--host", conn.host.address, "--port", "30000"]  # the argv that served above
+    edited = {"configs/model_config.py": False, "server_args.py": True}  # name: imported by the validator
+    originals = {}  # written back in place (a copy beside the file would change its directory)
+    try:
+        for name, imported in edited.items():
+            originals[name] = conn.run(f"cat {root}/{name}").stdout
+            assert conn.run(f"echo {shlex.quote(marker % name)} >> {root}/{name}").ok
+            start(conn, argv)
+            assert exit_status(conn) == 1  # only the edit can fail it
+            log = conn.run("cat /tmp/sim.log").stdout_text
+            assert f"RuntimeError: sglfleet test: {name} edited on the host" in log, log[-3000:]
+            # a lazily imported file needs no new validator; an imported one replaced it
+            assert (validator(conn) == first) is not imported, (name, validator(conn), first, validator_log(conn))
+            assert conn.run(f"cat > {root}/{name}", stdin=originals.pop(name)).ok
+    finally:
+        for name, data in originals.items():
+            conn.run(f"cat > {root}/{name}", stdin=data)
+    second = serve_and_stop(conn)
+    assert second is not None and second != first, validator_log(conn)
+    third = serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1")  # SGLang's import could read it
+    assert third is not None and third != second, validator_log(conn)
+    assert "stale (another environment (SGLANG_SGLFLEET_TEST_SETTING)): exiting" in validator_log(conn)
+
+
+def test_the_warm_validator_goes_away_when_idle(conn):
+    # the idle time is the latest start's: this one may reuse the validator of the tests before
+    assert serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1 SGLFLEET_SIM_WARM_S=2") is not None
+    assert wait_for(lambda: validator(conn) is None, timeout=20), "the warm validator outlived its idle time"

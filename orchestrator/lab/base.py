@@ -10,7 +10,7 @@ it. It holds:
   config.json only;
 * the distribution's skeleton dotfiles for /root.
 
-The two stand-ins (nvidia-smi, sglfleet-sim-server) are not baked in: `lab up` writes them into
+The two stand-ins (nvidia-smi, sglfleet-sim-server with its warm validator) are not baked in: `lab up` writes them into
 each host's own layer (install_tools), so editing them needs no rebuild of this base.
 
 The venv is built at its real path: a private mount namespace binds the build dir over
@@ -94,6 +94,9 @@ def install_tools(bin_dir: Path, gpu: str) -> None:
     bin_dir.mkdir(parents=True, exist_ok=True)
     for source, name, interpreter in ((IMAGE / "nvidia_smi.py", "nvidia-smi.py", "/usr/bin/env python3"),
                                       (Path(__file__).with_name("sim_server.py"), "sglfleet-sim-server",
+                                       "/root/ml-env/bin/python3"),
+                                      # the stand-in's warm validator, imported by it from beside it
+                                      (Path(__file__).with_name("sim_validator.py"), "sglfleet_sim_validator.py",
                                        "/root/ml-env/bin/python3")):
         text = source.read_text()
         if text.startswith("#!"):

@@ -8,10 +8,15 @@
    (/var/lib/sglfleet-lab/gpu). A config SGLang would reject on that GPU is rejected here with
    SGLang's own traceback on stderr and exit code 1 (argparse errors: exit code 2, as SGLang).
    As on a real GPU host, where SGLang finds CUDA itself, `--device cuda` is implied.
-   The validation runs in a child process (this same file, marked by SGLFLEET_SIM_RESULT_FD) that
-   sends what serving needs back over a pipe and exits: importing SGLang (and torch with it) costs
-   ~0.85 GB resident, which the long-lived serving process would otherwise keep for nothing (a
-   32-host lab would not fit in memory). Its stdout/stderr are the server's, so the log is as before.
+   The validation runs in another process that sends what serving needs back and exits: importing
+   SGLang (and torch with it) costs ~0.85 GB resident, which the long-lived serving process would
+   otherwise keep for nothing (a 32-host lab would not fit in memory). Its stdout/stderr are the
+   server's, so the log is as before.
+   By default that process is a fork of the host's WARM VALIDATOR (sim_validator.py, installed
+   beside this file), which imported SGLang once and is replaced whenever a file it imported or
+   the environment SGLang's import read changed: a start costs the validation (~1.5 s of CPU), not
+   a fresh import of SGLang and torch on top (~4.5-9 s). SGLFLEET_SIM_WARM_S=0 gives a fresh child
+   per start (this same file, marked by SGLFLEET_SIM_RESULT_FD), as before the warm validator.
 2. Otherwise, after a model-load delay, it serves SGLang's HTTP API on --host/--port with
    deterministic answers; /server_info says it is a lab simulation and echoes the resolved args.
 3. It logs like SGLang, including periodic `Decode batch, ...` lines with accept len / rate
@@ -31,7 +36,9 @@
 
 Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE_LOG_S
 (default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_DIST_TIMEOUT (s, default 60),
-SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, printing a JSON summary). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
+SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, as a start validates, printing a JSON summary),
+SGLFLEET_SIM_WARM_S (s, default 60: how long the host's warm validator waits idle after this start for
+the next; 0: no warm validator). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
 SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
 text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
 generation requests answered 500, spread evenly).
@@ -67,6 +74,11 @@ import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
+try:  # on a lab host: installed beside this file (lab/base.py install_tools)
+    import sglfleet_sim_validator as warm
+except ImportError:  # in the checkout
+    from orchestrator.lab import sim_validator as warm
+
 # What SGLang's platform probes would report on each declarable GPU.
 GPU_FACTS = {
     "h200": {"is_cuda": True, "is_sm90": True, "device_capability": (9, 0), "is_hopper_with_cuda_12_3": True},
@@ -77,6 +89,7 @@ GPU_FACTS = {
 GPU_FILE = "/var/lib/sglfleet-lab/gpu"
 # Set in the validation child's environment: the fd of the pipe its result goes to.
 RESULT_FD_ENV = "SGLFLEET_SIM_RESULT_FD"
+VALIDATE_ONLY_ENV = "SGLFLEET_SIM_VALIDATE_ONLY"
 # The fields of SGLang's ServerArgs the serving process reads (as getattr gives them).
 SERVING_FIELDS = ("model_path", "served_model_name", "host", "port", "enable_metrics", "nnodes", "node_rank",
                   "dist_init_addr")
@@ -670,19 +683,25 @@ def exit_code(exc):
     return 1
 
 
+def validation_outcome(argv, gpu):
+    """(summary, 0) once SGLang accepted the argv, or (None, exit code) after its refusal, which
+    is on stderr as SGLang writes it (argparse: its usage message and exit code 2)."""
+    try:
+        return validated_summary(validate(argv, gpu)), 0
+    except SystemExit as exc:
+        return None, exit_code(exc)
+    except Exception:
+        traceback.print_exc()
+        return None, 1
+
+
 def validation_child(argv, gpu, result_fd):
     """The child's whole life: validate, send the summary down the pipe, exit. It ends with
     os._exit after flushing, so nothing SGLang's imports started can keep it alive."""
-    try:
-        summary = validated_summary(validate(argv, gpu))
+    summary, code = validation_outcome(argv, gpu)
+    if summary is not None:
         with os.fdopen(result_fd, "w") as pipe:
             pipe.write(json.dumps(summary))
-        code = 0
-    except SystemExit as exc:  # argparse: SGLang's own usage message and exit code 2
-        code = exit_code(exc)
-    except Exception:
-        traceback.print_exc()
-        code = 1
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -725,23 +744,25 @@ def validate_in_child(argv, gpu):
 def main(argv):
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="[%(asctime)s] %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S")
+    if warm.XOPTION in sys._xoptions:  # this file run as the host's warm validator
+        return warm.WarmValidator(int(argv[0]), validation_outcome).run()
     gpu = declared_gpu()
     if os.environ.get(RESULT_FD_ENV):
         validation_child(argv, gpu, int(os.environ[RESULT_FD_ENV]))
-    if os.environ.get("SGLFLEET_SIM_VALIDATE_ONLY") == "1":  # one shot: validate here, nothing to keep small
-        try:
-            args = validate(argv, gpu)
-        except SystemExit:
-            raise  # argparse: SGLang's own usage message and exit code 2
-        except Exception:
-            traceback.print_exc()
-            return 1
-        print(json.dumps({"ok": True, "gpu": gpu, "speculative_algorithm": getattr(args, "speculative_algorithm",
-                                                                                  None)}))
-        return 0
-    validated, code = validate_in_child(argv, gpu)
+    idle_s = env_float(warm.WARM_ENV, warm.WARM_DEFAULT_S)
+    if idle_s > 0:
+        validated, code = warm.validate(argv, gpu, idle_s, os.path.abspath(__file__), validate_in_child)
+    else:
+        validated, code = validate_in_child(argv, gpu)
     if validated is None:
         return code
+    if os.environ.get(VALIDATE_ONLY_ENV) == "1":  # a check, not a start: the summary, no server
+        print(json.dumps({"ok": True, "gpu": gpu,
+                          "speculative_algorithm": validated["server_args"].get("speculative_algorithm")}))
+        return 0
+    if validated.get("validator"):
+        log.info("lab simulation: SGLang validated the argv in a fork of this host's warm validator (pid %s)",
+                 validated["validator"])
     return SimServer(validated, gpu, argv).serve()
 
 

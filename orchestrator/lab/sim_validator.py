@@ -1,0 +1,487 @@
+"""LAB SIMULATION: the warm validator of a lab host's SGLang stand-in (sim_server.py), installed
+beside it as /usr/local/bin/sglfleet_sim_validator.py. Stdlib only; Python 3.9+ (the host's venv).
+
+A stand-in validates its argv with the real SGLang in another process (importing SGLang and
+torch costs ~0.85 GB resident, which the serving process must not keep). Importing them anew for
+each start costs ~4.5-9 s of CPU on top of the validation (~1.5 s): the lab's tests start the
+stand-in ~100 times. So each lab host keeps at most one warm validator: the stand-in file run as
+`python3 -X sglfleet_warm_validator /usr/local/bin/sglfleet-sim-server` (a command line no stand-in
+server has), listening on /var/lib/sglfleet-lab/validator.sock (the host's own layer).
+
+A start (validate below) connects; finding none it starts one and waits for it. The validator
+imports SGLang as a fresh validation child would (before any validation, outside any platform
+override), then for each start forks a child that takes the stand-in's stdout/stderr (passed
+over the socket), environment and working directory, validates, sends the summary back and
+exits. The validator itself never validates, so no validation leaves state behind for the next.
+It is never stale:
+ * before each fork it stats every file of every module it imported, their directories and
+   sys.path's directories (a push renames new files in: new inode, new directory mtime; a hand
+   edit changes mtime/size); anything changed and it answers "stale", gives up its socket and
+   lock, and exits; the stand-in starts the next one, which imports what is on disk now. Modules
+   the validation imports lazily (under the platform override) are imported by each child, from
+   disk, every time;
+ * it records which environment names the import read (IMPORT_ENV_PREFIXES covers the reads a
+   record of os.environ cannot see): a start whose environment differs in one of those replaces
+   it too. A child's environment is what a fresh child's would be after that import.
+Memory stays bounded: one per host (a lock file), ~0.45 GB of its own (torch's libraries are
+shared pages), gone after SGLFLEET_SIM_WARM_S idle seconds (the latest start's; default 60),
+never started while the machine has less than MIN_AVAILABLE_GB available (a fresh child per
+start then, as before). A stand-in stopped while validating closes its socket: the validator kills
+that child at once. /var/lib/sglfleet-lab/validator.log says why each validator came and went.
+"""
+
+import fcntl
+import importlib
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+# Its -X option, its directory (a host's own /var/lib layer; SGLFLEET_SIM_VALIDATOR_DIR elsewhere),
+# its idle knob, and the memory it needs free.
+XOPTION = "sglfleet_warm_validator"
+DIRECTORY = "/var/lib/sglfleet-lab"
+DIRECTORY_ENV = "SGLFLEET_SIM_VALIDATOR_DIR"
+WARM_ENV = "SGLFLEET_SIM_WARM_S"
+WARM_DEFAULT_S = 60.0
+MIN_AVAILABLE_GB = 4.0
+# What of a start's environment must agree with the warm validator's own (before its import):
+# every name the import looked up in os.environ (recorded), and the names it reads where that
+# record cannot see them: its scans of the whole environment (SGLang's SGL_ -> SGLANG_ rewrite,
+# tqdm's TQDM_ settings; a scan from anywhere else makes every name count) and getenv() in C
+# (torch, CUDA, OpenMP, the loader, the interpreter). Other names (a profile's own settings, the
+# stand-in's SGLFLEET_SIM_* knobs) are the start's alone: its validation child gets them. Never
+# compared: the session's, the shell's and the service manager's per-process noise.
+IMPORT_ENV_PREFIXES = ("SGL_", "SGLANG_", "TQDM_", "PYTHON", "LD_", "TORCH", "PYTORCH_", "CUDA", "NVIDIA_",
+                       "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "MALLOC_", "GLIBC_", "TRITON_", "NCCL_")
+KNOWN_ENV_SCANS = ("sglang/srt/environ.py", "tqdm/utils.py")
+NOISE_ENV_PREFIXES = ("SSH_", "SGLFLEET_SIM_")
+NOISE_ENV = ("_", "SHLVL", "OLDPWD", "MOTD_SHOWN", "INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID",
+             "MANAGERPID", "NOTIFY_SOCKET", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "WATCHDOG_PID",
+             "WATCHDOG_USEC", "RUNTIME_DIRECTORY")
+
+
+def validator_paths():
+    directory = os.environ.get(DIRECTORY_ENV) or DIRECTORY
+    return os.path.join(directory, "validator.sock"), os.path.join(directory, "validator.lock")
+
+
+def validator_note(text):
+    """A line in the host's validator.log (beside its socket): why each validator came and went."""
+    path = os.path.join(os.path.dirname(validator_paths()[0]), "validator.log")
+    try:
+        with open(path, "a") as fh:
+            fh.write("%s pid %d: %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), os.getpid(), text))
+    except OSError:
+        pass
+
+
+class RecordingEnviron(os._Environ):
+    """os.environ while the warm validator imports SGLang: it notes each name looked up and where
+    the whole environment was scanned from."""
+
+    looked_up = set()
+    scans = []
+
+    def __getitem__(self, key):
+        RecordingEnviron.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def __iter__(self):
+        frame = sys._getframe(1)
+        while frame is not None and (frame.f_code.co_filename.startswith("<") or
+                                     frame.f_code.co_filename == os.__file__):
+            frame = frame.f_back
+        RecordingEnviron.scans.append(frame.f_code.co_filename if frame is not None else "?")
+        return super().__iter__()
+
+
+def watched_paths():
+    """Every imported module's file, its directory, and sys.path's directories: what a push or a
+    hand edit changes."""
+    paths = set(p for p in sys.path if p)
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            paths.update((path, os.path.dirname(path)))
+    return paths
+
+
+def files_state(paths):
+    """path -> (device, inode, mtime, size), None where it is gone. A directory's size is left
+    out: overlayfs reports another one once the host's layer holds a copy (as after an edit of any
+    file below it), though nothing in it changed."""
+    state = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+            state[path] = (st.st_dev, st.st_ino, st.st_mtime_ns, None if stat.S_ISDIR(st.st_mode) else st.st_size)
+        except OSError:
+            state[path] = None
+    return state
+
+
+def memory_available_gb():
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2.0 ** 20
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def send_message(sock, obj, fds=()):
+    data = json.dumps(obj).encode()
+    header = struct.pack("!I", len(data))
+    if fds:
+        socket.send_fds(sock, [header], list(fds))
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def recv_exact(sock, size):
+    chunks = []
+    while size:
+        chunk = sock.recv(size)
+        if not chunk:
+            raise EOFError("the peer closed the connection")
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_message(sock, max_fds=0):
+    """(object, fds); raises EOFError when the peer has gone."""
+    if max_fds:
+        header, fds, _flags, _addr = socket.recv_fds(sock, 4, max_fds)
+        if not header:
+            raise EOFError("the peer closed the connection")
+        header += recv_exact(sock, 4 - len(header))
+    else:
+        header, fds = recv_exact(sock, 4), []
+    (size,) = struct.unpack("!I", header)
+    return json.loads(recv_exact(sock, size)), list(fds)
+
+
+def validate(argv, gpu, idle_s, stand_in, fresh):
+    """(summary, None) once SGLang accepted the argv, or (None, exit code) after its refusal
+    (written to our stdout/stderr), as `fresh(argv, gpu)` (a fresh validation child) gives them,
+    through the host's warm validator: started from `stand_in` (this host's stand-in file) when
+    there is none, replaced when it answers stale, `fresh` itself when none can run here. A
+    summary validated warm names the validator's pid ("validator")."""
+    sock_path, lock_path = validator_paths()
+    for _attempt in range(3):
+        sock = connect_validator(sock_path)
+        if sock is None:
+            if memory_available_gb() < MIN_AVAILABLE_GB:
+                break
+            sock = start_validator(sock_path, lock_path, idle_s, stand_in)
+            if sock is None:
+                break
+        with sock:
+            answer = ask_validator(sock, argv, gpu, idle_s)
+        if answer is not None:
+            return answer
+    return fresh(argv, gpu)
+
+
+def connect_validator(sock_path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(sock_path)
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def lock_held(lock_path):
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases the lock if we took it
+
+
+def start_validator(sock_path, lock_path, idle_s, stand_in, timeout=300.0):
+    """Start the host's warm validator and connect to it once it listens; None if it (or the one
+    another stand-in started at the same moment) is not there after all."""
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, **{WARM_ENV: str(idle_s)})
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        proc = subprocess.Popen([sys.executable, "-X", XOPTION, stand_in, str(write_fd)],
+                                env=env, stdin=null, stdout=null, stderr=null, pass_fds=(write_fd,),
+                                start_new_session=True, cwd="/")
+    finally:
+        os.close(null)
+        os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        said = pipe.read()  # b"R": it listens; b"B": another one holds the lock; b"": it failed
+    threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it exits
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        sock = connect_validator(sock_path)
+        if sock is not None or said != b"B" or not lock_held(lock_path):
+            return sock
+        time.sleep(0.05)
+    return None
+
+
+def ask_validator(sock, argv, gpu, idle_s):
+    """(summary, None) or (None, exit code) as `validate`; None when the validator was stale (it
+    has exited: the caller starts another)."""
+    try:
+        send_message(sock, {"argv": list(argv), "gpu": gpu, "env": dict(os.environ), "cwd": os.getcwd(),
+                            "idle_s": idle_s},
+                     fds=(sys.stdout.fileno(), sys.stderr.fileno()))
+        while True:
+            message, _ = recv_message(sock)
+            if message.get("stale"):
+                return None
+            if "exit" in message:
+                if message["exit"] == 0 and message.get("summary") is not None:
+                    return dict(message["summary"], validator=message.get("validator")), None
+                return None, message["exit"] or 1
+            if "signal" in message:
+                print("lab simulation: the SGLang validation process died by signal %d" % message["signal"],
+                      file=sys.stderr)
+                return None, 1
+    except (OSError, EOFError, ValueError) as exc:
+        print("lab simulation: the warm validator went away (%s); validating again" % exc, file=sys.stderr)
+        return None
+
+
+class WarmValidator:
+    """The warm validator's life (see the module docstring): take the host's lock, import, listen,
+    fork a child per start; retire (socket and lock given up first, so a stand-in arriving now
+    starts the next one at once) when idle or stale."""
+
+    def __init__(self, ready_fd, outcome):
+        self.sock_path, self.lock_path = validator_paths()
+        self.outcome = outcome  # (argv, gpu) -> (summary, 0) | (None, exit code): what each child runs
+        try:
+            self.idle_s = float(os.environ.get(WARM_ENV, WARM_DEFAULT_S))
+        except ValueError:
+            self.idle_s = WARM_DEFAULT_S
+        self.ready = os.fdopen(ready_fd, "wb", buffering=0)
+        self.lock = None
+        self.listener = None
+        self.start_env = dict(os.environ)  # before the import
+        self.looked_up, self.every_name_counts = set(), False
+        self.files = {}
+        self.children = {}  # pidfd -> (pid, connection to its stand-in)
+        self.selector = selectors.DefaultSelector()
+
+    def run(self):
+        lock = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.ready.write(b"B")  # another validator is starting or serving
+            return 0
+        self.lock = lock
+        started = time.monotonic()
+        # What a fresh validation child imports before it validates, and nothing more: the modules
+        # validation imports lazily (under the platform override) stay for each child to import.
+        os.environ.__class__ = RecordingEnviron
+        try:
+            from sglang.srt.runtime_context import override_platform  # noqa: F401
+            from sglang.srt.server_args import prepare_server_args  # noqa: F401
+            import sglang  # noqa: F401
+        except BaseException as exc:
+            validator_note("importing SGLang failed (%s: %s): the stand-in validates in a fresh child"
+                           % (type(exc).__name__, exc))
+            return 1
+        finally:
+            os.environ.__class__ = os._Environ
+        self.looked_up = set(RecordingEnviron.looked_up)
+        unknown = sorted(set(f for f in RecordingEnviron.scans if not f.endswith(KNOWN_ENV_SCANS)))
+        self.every_name_counts = bool(unknown)
+        self.files = files_state(watched_paths())
+        validator_note("imported SGLang in %.1f s, %d files watched, %d environment names looked up%s; idle exit "
+                       "after %.0f s" % (time.monotonic() - started, len(self.files), len(self.looked_up),
+                                         " (every name counts: the environment was scanned in %s)"
+                                         % ", ".join(unknown) if unknown else "", self.idle_s))
+        try:
+            os.unlink(self.sock_path)  # a dead validator's (we hold the lock)
+        except OSError:
+            pass
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.sock_path)
+        os.chmod(self.sock_path, 0o600)
+        self.listener.listen(64)
+        self.ready.write(b"R")
+        self.ready.close()
+        self.selector.register(self.listener, selectors.EVENT_READ, ("accept", None))
+        try:
+            self.serve()
+        finally:
+            self.retire()
+        return 0
+
+    def serve(self):
+        idle_since = time.monotonic()
+        while True:
+            idle = time.monotonic() - idle_since
+            if not self.children and idle >= self.idle_s:
+                validator_note("idle for %.0f s: exiting" % self.idle_s)
+                return
+            for selected, _ in self.selector.select(timeout=max(0.05, self.idle_s - idle)):
+                what, pidfd = selected.data
+                if what == "accept":
+                    conn, _ = self.listener.accept()
+                    if not self.serve_one(conn):
+                        return  # stale: the stand-in starts another validator
+                elif what == "client":  # the stand-in closed its end: stopped while validating
+                    pid, conn = self.children[pidfd]
+                    self.selector.unregister(conn)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                else:  # "child": a validation child exited
+                    self.reap(pidfd)
+                    idle_since = time.monotonic()
+
+    def reap(self, pidfd):
+        pid, conn = self.children.pop(pidfd)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(status):
+            try:
+                send_message(conn, {"signal": os.WTERMSIG(status)})
+            except OSError:
+                pass
+        try:
+            self.selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def counts(self, name):
+        """Whether a start must agree with this validator on the environment variable `name`."""
+        if name in NOISE_ENV or name.startswith(NOISE_ENV_PREFIXES):
+            return False
+        return self.every_name_counts or name in self.looked_up or name.startswith(IMPORT_ENV_PREFIXES)
+
+    def stale(self, request):
+        """Why this validator must not validate `request` (None: it may)."""
+        now = files_state(self.files)
+        changed = sorted(path for path in self.files if now[path] != self.files[path])
+        if changed:
+            return "changed: %s" % ", ".join("%s %s -> %s" % (path, self.files[path], now[path])
+                                             for path in changed[:5])
+        theirs, ours = request["env"], self.start_env
+        other = sorted(name for name in set(theirs) | set(ours)
+                       if self.counts(name) and theirs.get(name) != ours.get(name))
+        return "another environment (%s)" % ", ".join(other) if other else None
+
+    def child_environment(self, env):
+        """What a fresh validation child started with `env` would have after its import: ours
+        after the import (it may have added names), with what `env` differs in from ours before."""
+        out = dict(os.environ)
+        for name in set(env) | set(self.start_env):
+            if env.get(name) != self.start_env.get(name):
+                if name in env:
+                    out[name] = env[name]
+                else:
+                    out.pop(name, None)
+        return out
+
+    def serve_one(self, conn):
+        """One start: the checks, then a validation child; False when this validator is stale."""
+        try:
+            conn.settimeout(30)
+            request, fds = recv_message(conn, max_fds=2)
+            conn.settimeout(None)
+        except (OSError, EOFError, ValueError):
+            conn.close()
+            return True
+        why = self.stale(request)
+        if why:
+            validator_note("stale (%s): exiting" % why)
+            self.retire()
+            try:
+                send_message(conn, {"stale": True})
+            except OSError:
+                pass
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            return False
+        self.idle_s = request.get("idle_s", self.idle_s)  # the latest start says how long to wait
+        request["env"] = self.child_environment(request["env"])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                self.listener.close()
+                os.close(self.lock)
+                for _pid, other in self.children.values():
+                    other.close()
+                os.dup2(fds[0], 1)
+                os.dup2(fds[1], 2)
+                for fd in fds:
+                    os.close(fd)
+                validation_in_fork(conn, request, self.outcome)
+            finally:
+                os._exit(1)
+        for fd in fds:
+            os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, conn)
+        self.selector.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
+        self.selector.register(conn, selectors.EVENT_READ, ("client", pidfd))
+        return True
+
+    def retire(self):
+        """Give up the socket path and the lock (idempotent)."""
+        if self.listener is not None:
+            try:
+                if os.stat(self.sock_path).st_ino == os.fstat(self.listener.fileno()).st_ino:
+                    os.unlink(self.sock_path)
+            except OSError:
+                pass
+            self.selector.unregister(self.listener)
+            self.listener.close()
+            self.listener = None
+        if self.lock is not None:
+            os.close(self.lock)
+            self.lock = None
+
+
+def validation_in_fork(conn, request, outcome):
+    """A validation child of the warm validator: the start's environment and working directory,
+    its stdout/stderr already on fds 1 and 2; the answer goes back over `conn`."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    importlib.invalidate_caches()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    summary, code = outcome(request["argv"], request["gpu"])
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    send_message(conn, {"exit": code, "summary": summary, "validator": os.getppid()})
+    conn.close()
+    os._exit(code)
