@@ -30,8 +30,31 @@ ROOT = Path(__file__).resolve().parent.parent
 LAB_ROOT = Path("/var/cache/sglfleet")
 RUN_LAB_PREFIX = "lab-test-run"
 TEST_LAB_DIR = Path(os.environ.get("SGLFLEET_TEST_LAB_DIR") or LAB_ROOT / f"{RUN_LAB_PREFIX}{os.getpid()}")
-TEST_SUBNET = os.environ.get("SGLFLEET_TEST_SUBNET", "127.0.2")  # helpers running side by side pick their own
+# pytest-xdist's workers (PYTEST_XDIST_WORKER gw0, gw1, ...) share one network namespace: each is a
+# suite of its own, with its own subnet (the suite's third octet + 50 per worker) and labs.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+SUBNETS_PER_WORKER = 50
+
+
+def worker_subnet(base: str, worker: str) -> str:
+    """The subnet of `worker`'s labs, from the suite's (SGLFLEET_TEST_SUBNET, default 127.0.2)."""
+    prefix, octet = base.rsplit(".", 1)
+    number = int(worker[2:]) if worker.startswith("gw") else 0
+    third = int(octet) + SUBNETS_PER_WORKER * number
+    if third > 155:  # private labs live on 127.(100 + third).N
+        raise pytest.UsageError(f"pytest-xdist worker {worker} would take subnet {prefix}.{third}: too many "
+                                f"workers for SGLFLEET_TEST_SUBNET {base} (at most {1 + (155 - int(octet)) // 50})")
+    return f"{prefix}.{third}"
+
+
+TEST_SUBNET = worker_subnet(os.environ.get("SGLFLEET_TEST_SUBNET", "127.0.2"), XDIST_WORKER)  # side by side: pick another
 TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
+
+
+def spare_subnet() -> str:
+    """A second subnet of this suite's own, beside TEST_SUBNET (for a test's throwaway lab)."""
+    prefix, octet = TEST_SUBNET.rsplit(".", 1)
+    return f"{prefix}.{int(octet) + 1}"
 
 # Every test runs under the loopback-only rule.
 os.environ["SGLFLEET_LOOPBACK_ONLY"] = "1"

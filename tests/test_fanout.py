@@ -47,7 +47,7 @@ def test_one_host_down_others_succeed(lab):
     doc = json.loads(proc.stdout)
     assert doc["summary"]["failed"] == 1 and doc["summary"]["ok"] == TEST_HOSTS - 1
     error = doc["hosts"]["ct130"]["error"]
-    assert "cannot connect to root@127.0.2.2:22 after 3 attempts" in error
+    assert f"cannot connect to root@{lab._host('ct130').address}:22 after 3 attempts" in error
     assert "Connection refused" in error or "Unable to connect" in error
 
 

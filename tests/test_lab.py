@@ -12,7 +12,7 @@ import pytest
 from orchestrator.fleet.hostkeys import KnownHosts
 from orchestrator.fleet.transport import Connection
 
-from .conftest import TEST_LAB_DIR
+from .conftest import TEST_LAB_DIR, spare_subnet
 from .polling import wait_for
 
 pytestmark = pytest.mark.lab
@@ -50,7 +50,7 @@ def test_kill_host_and_lab_down_leave_nothing(tmp_path):
     from orchestrator.lab.manager import Lab
 
     lab = Lab(state_dir=TEST_LAB_DIR.with_name(f"{TEST_LAB_DIR.name}-down-test"), inventory_path=tmp_path / "lab.yaml",
-              subnet="127.0.3")
+              subnet=spare_subnet())
     lab.down()
     lab.up(2)
     namespaces = {ns for h in ("ct129", "ct130") for ns in lab.namespaces(h).values()}
