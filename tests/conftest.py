@@ -6,6 +6,17 @@ The test lab has its own state dir and subnet (127.0.2.N), so a developer's own 
 Nothing in the suite may reach an address outside 127.0.0.0/8. `make test` runs it in a network
 namespace with only lo (see Makefile); on top of that `network_fence` refuses any such connect in
 this process and in the CLI subprocesses started through `sglfleet()` / `fenced_env()`.
+
+Addresses: TEST_SUBNET is this suite's (SGLFLEET_TEST_SUBNET, default 127.0.2; under pytest-xdist
+each worker gets its own, see worker_subnet); private labs (tests/private_lab.py) derive theirs
+from it, and a test that needs a throwaway lab of its own takes spare_subnet(). Never spell a lab
+address out in a test: read it from the lab (lab._host(name).address) or the inventory.
+
+Speed (the suite's budget is ~15 min on CI's 2 cores; bench/suite.py measures a run's wall, CPU and
+memory by module and by kind of process): the lab's stand-in server validates in a fork of its
+host's warm validator (orchestrator/lab/sim_validator.py), so a test that starts servers pays one
+SGLang import per host, not one per start. A test that must see a fresh validation child sets
+SGLFLEET_SIM_WARM_S=0 in the stand-in's environment.
 """
 
 from __future__ import annotations
