@@ -250,6 +250,7 @@ def test_the_lease_lives_as_long_as_the_deploys_own_timeouts_say_step_by_step():
                                  min_ready=3)
     host = object.__new__(deploy.HostDeploy)
     host.options = quick
+    host.stop_grace = quick.stop_grace  # what __init__ gives a single host (rank 0)
     health = 15 + 60 + 4 * 30
     # plan -> launch: the push and the smoke; launch renews it for the stop, start, health and min_ready
     assert host.lease_ttl("plan") == deploy.PUSH_AND_SMOKE_S + deploy.LEASE_MARGIN_S < 30 * 60

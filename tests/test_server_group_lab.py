@@ -149,7 +149,10 @@ def test_both_groups_deploy_rank_0_first_and_a_rerun_is_unchanged_in_2_round_tri
         g = doc["hosts"][group]
         assert g["action"] == "deployed" and list(g["ranks"]) == hosts
         first, second = (g["ranks"][h] for h in hosts)
-        assert first["round_trips"]["exec"] == second["round_trips"]["exec"] == 5
+        # 5 round trips on each rank, 4 where the host already had the release's files (no push):
+        # whether it has them depends on what the lab image carries, not on the group
+        for rank in (first, second):
+            assert rank["round_trips"]["exec"] == (5 if "pushed" in rank else 4), rank["round_trips"]
         # rank 0 started before rank 1 (it hosts the rendezvous)
         assert first["launched"]["started"] <= second["launched"]["started"]
         assert first["deploy_id"] == second["deploy_id"] == g["deploy_id"]
