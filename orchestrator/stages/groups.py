@@ -72,11 +72,18 @@ class GroupSync:
 
     # ------------------------------------------------------------ the meeting points
 
-    def _meet(self, phase: str, name: str, value: Any, wanted: list[str] | None = None) -> dict[str, Any]:
+    def _post(self, phase: str, name: str, value: Any, first_only: bool = False) -> None:
+        """`name` reached `phase` with `value` (its first value stays, with first_only)."""
         with self.cond:
-            if name:
-                self.posts.setdefault(phase, {})[name] = value
-                self.cond.notify_all()
+            posted = self.posts.setdefault(phase, {})
+            if not (first_only and name in posted):
+                posted[name] = value
+            self.cond.notify_all()
+
+    def _meet(self, phase: str, name: str, value: Any, wanted: list[str] | None = None) -> dict[str, Any]:
+        if name:
+            self._post(phase, name, value)
+        with self.cond:
             wanted = self.names if wanted is None else wanted
             while not all(n in self.posts.get(phase, {}) or n in self.ended_docs for n in wanted):
                 self.cond.wait(0.5)
@@ -121,9 +128,7 @@ class GroupSync:
         return None
 
     def launched(self, rank: Any, outcome: str) -> None:
-        with self.cond:
-            self.posts.setdefault("launched", {})[rank.host.name] = outcome
-            self.cond.notify_all()
+        self._post("launched", rank.host.name, outcome)
 
     def healthy(self, rank: Any, result: health_stage.HealthResult) -> health_stage.HealthResult:
         """After a rank's health and min_ready: its result, failed too when another rank's failed."""
@@ -143,18 +148,14 @@ class GroupSync:
     def failing(self, rank: Any, why: str) -> None:
         """A rank goes to revert: the others' health waits end, and it counts as not healthy."""
         self.abort.fire(f"{rank.host.name} (rank {rank.rank}): {why}")
-        with self.cond:
-            self.posts.setdefault("healthy", {}).setdefault(rank.host.name, False)
-            self.cond.notify_all()
+        self._post("healthy", rank.host.name, False, first_only=True)
 
     def revert_turn(self, rank: Any) -> None:
         if rank.rank > 0:
             self._meet("reverted", "", None, [self.names[0]])
 
     def reverted(self, rank: Any) -> None:
-        with self.cond:
-            self.posts.setdefault("reverted", {})[rank.host.name] = True
-            self.cond.notify_all()
+        self._post("reverted", rank.host.name, True)
 
     def ended(self, name: str, doc: dict[str, Any]) -> None:
         with self.cond:
