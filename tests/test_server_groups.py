@@ -318,3 +318,37 @@ def test_a_rank_whose_launch_was_refused_reverts_to_what_it_records_not_to_the_g
             server.cmd_finish(dict(revert, record=dict(answer["restored"], pid=answer["pid"])))
     finally:
         server.cmd_stop(dict(args, stop_grace=1))
+
+
+def test_ctrl_c_before_the_launch_is_decided_once_for_every_rank():
+    """A Ctrl-C stops all ranks before their launch or none: a rank 0 that launched with a rank 1
+    that did not would take the running group down."""
+    import threading
+    from types import SimpleNamespace
+
+    from orchestrator.fleet import group as group_module
+    from orchestrator.stages.groups import INTERRUPTED, GroupSync
+
+    run = SimpleNamespace(stop=threading.Event())
+    group_module._current.group = run
+    try:
+        run.stop.set()  # before the ranks met: none launches
+        sync = GroupSync(["a0", "a1"], "d")
+        got = _in_threads(("a0", group_module.in_this_run(lambda: sync.launch_turn(_rank("a0", 0)))),
+                          ("a1", group_module.in_this_run(lambda: sync.launch_turn(_rank("a1", 1)))))
+        assert got == {"a0": INTERRUPTED, "a1": INTERRUPTED}
+
+        run.stop.clear()  # once they met: every rank goes, the Ctrl-C notwithstanding
+        sync = GroupSync(["a0", "a1"], "d")
+
+        def rank0():
+            why = sync.launch_turn(_rank("a0", 0))
+            run.stop.set()
+            sync.launched(_rank("a0", 0), "ok")
+            return why
+
+        got = _in_threads(("a0", group_module.in_this_run(rank0)),
+                          ("a1", group_module.in_this_run(lambda: sync.launch_turn(_rank("a1", 1)))))
+        assert got == {"a0": None, "a1": None}
+    finally:
+        group_module._current.group = None
