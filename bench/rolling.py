@@ -116,7 +116,8 @@ print(json.dumps(out))
 def measure_start(inventory_path: Path, hosts: list[str], profile: str, port: int, timeout: float = 300,
                   dist_port: int | None = None) -> dict:
     """The stand-in started on each of `hosts` at once, outside sglfleet: host -> seconds. The
-    ranks of a multi-node server (`dist_port`: where they meet instead) start together, as one."""
+    ranks of a multi-node server (`dist_port`: where they meet instead) start together, as one,
+    and only rank 0 (hosts[0]) must answer: the others end when its probe stops it."""
     inv = load_inventory(str(inventory_path))
     paths = server_paths(profile)
     arg = json.dumps({"record": paths["record"], "env_file": paths["env_file"], "port": port, "timeout": timeout,
@@ -134,6 +135,9 @@ def measure_start(inventory_path: Path, hosts: list[str], profile: str, port: in
         results = group.run(probe, "measure start")
     out = {}
     for name, r in results.items():
+        if dist_port is not None and name != hosts[0]:
+            out[name] = r.value if r.ok else {"error": r.error}
+            continue
         if not r.ok or r.value.get("healthy_s") is None:
             raise RuntimeError(f"{name}: the stand-in did not get healthy when started alone: {r.error or r.value}")
         out[name] = r.value
