@@ -2,11 +2,12 @@
 stand-in's rendezvous, the real sglang-router in front of each group's rank 0).
 
 One private lab for the module; the tests run in order on what the earlier ones left:
-deploy both groups (rank 0 launched first, every rank recorded with the group and the release)
-and a no-op rerun (2 round trips per host); status, logs and metrics of a group; a non-zero rank
-killed (the group is down, the NCCL error shown) and redeployed; a rank that fails reverts the
-whole group; a rolling restart of both groups under load fails no request; stop takes rank 0
-first and the other ranks end on its shutdown.
+deploy both groups (rank 0 launched first, SGLang's validation of each rank's own flags, every
+rank recorded with the group and the release) and a no-op rerun (2 round trips per host); smoke
+on every rank (SGLang refusing multi-node data parallelism); status, logs and metrics of a
+group; a non-zero rank killed (the group is down, the NCCL error shown) and redeployed; a rank
+that fails reverts the whole group; a rolling restart of both groups under load fails no
+request; stop takes rank 0 first and the other ranks end on its shutdown.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class GroupLab:
 
     def cli(self, *args: str, timeout: float = 300) -> tuple[int, dict]:
         """The CLI's --json document; its progress lines (stderr) are kept in progress.log."""
-        runs = ["--runs-dir", str(self.tmp / "runs")] if args[0] in ("deploy", "restart") else []
+        runs = ["--runs-dir", str(self.tmp / "runs")] if args[0] in ("deploy", "restart", "smoke") else []
         with open(self.tmp / "progress.log", "a") as progress:
             progress.write(f"\n$ {' '.join(args)}\n")
             progress.flush()
@@ -156,6 +157,10 @@ def test_both_groups_deploy_rank_0_first_and_a_rerun_is_unchanged_in_2_round_tri
         # rank 0 started before rank 1 (it hosts the rendezvous)
         assert first["launched"]["started"] <= second["launched"]["started"]
         assert first["deploy_id"] == second["deploy_id"] == g["deploy_id"]
+        # SGLang's own validation ran on each rank with that rank's flags
+        for rank, host in enumerate(hosts):
+            fields = g["ranks"][host]["smoke"]["fields"]
+            assert (fields["nnodes"], fields["node_rank"]) == (2, rank), fields
         # each rank's record names the group, its rank, every rank and the release
         for rank, host in enumerate(hosts):
             record = json.loads(glab.run(host, "cat /var/lib/sglfleet/servers/big/deployment.json"))
@@ -178,6 +183,18 @@ def test_both_groups_deploy_rank_0_first_and_a_rerun_is_unchanged_in_2_round_tri
     assert all(g["state"] == "running" and not g["why"] for g in doc["server_groups"])
     code, text = glab.text("status", "grp-a", glab.profile())
     assert code == 0 and "grp-a (2 nodes)" in text and f"{glab.groups['grp-a'][1]}/1" in text, text
+
+
+def test_smoke_runs_sglang_s_own_validation_on_every_rank_which_refuses_multi_node_data_parallelism(glab):
+    path = glab.tmp / "big-dp.yaml"
+    path.write_text(PROFILE.format(release="dp").replace("[--enable-metrics]", "[--enable-metrics, --dp-size, '2']"))
+    code, doc = glab.cli("smoke", "grp-b", str(path))
+    assert code == 1, doc
+    for rank, host in enumerate(glab.groups["grp-b"]):
+        result = doc["hosts"][host]
+        assert result["render"]["placement"]["rank"] == rank
+        assert result["phase"] == "validate" and "multi-node data-parallel replicas are not supported" in \
+            result["probe"]["traceback"], result["summary"]
 
 
 def test_logs_merge_the_ranks_and_metrics_read_rank_0(glab):
