@@ -101,13 +101,23 @@ def status_json(lab, host, profile=None):
 def test_seed_story_gate_serve_rerun(lab, inventory, tmp_path):
     host = "ct129"
     off = profile_variant(tmp_path, "seed-off", {"hybrid: auto": "hybrid: off"})
+    # Draft tokens the DFlash draft's block size contradicts: only SGLang's validation (the patchset's) sees it.
+    clash = profile_variant(tmp_path, "seed-clash", {'"40"]': '"40", "--speculative-num-draft-tokens", "8"]'})
     good = profile_variant(tmp_path, "seed")
-    # hybrid: off fails at the smoke gate, with SGLang's traceback and the fix; nothing starts.
-    code, doc, whole = deploy_json(lab, tmp_path, host, off)
+    # hybrid: off on the hybrid model: doctor's model check, run on deploy's plan round trip, refuses it
+    # with doctor's own text and fix before anything is pushed or started.
+    code, doc, _ = deploy_json(lab, tmp_path, host, off)
+    assert code == 1 and doc["phase"] == "plan" and doc["refused"], doc["summary"]
+    assert doc["summary"].startswith(f"{host}: model: ") and "fix: set hybrid: auto" in doc["summary"], doc["summary"]
+    assert [c["name"] for c in doc["doctor"] if c["status"] == "fail"] == ["model"]
+    assert "smoke" not in doc["steps"] and "pushed" not in doc
+    assert on_host(inventory, host, f"cat {STATE}/current 2>/dev/null").strip() == ""
+    # The clash fails at the smoke gate, with SGLang's traceback and the fix; nothing starts.
+    code, doc, whole = deploy_json(lab, tmp_path, host, clash)
     assert code == 1 and doc["action"] == "failed" and doc["phase"] == "smoke", doc["summary"]
     assert doc["traceback"].startswith("Traceback (most recent call last):")
-    assert "cannot branch across tree siblings" in doc["traceback"]
-    assert any("hybrid: auto" in fix for fix in doc["diagnosis"])
+    assert "they differ (8 vs 16)" in doc["traceback"]
+    assert any("block size" in fix for fix in doc["diagnosis"]), doc["diagnosis"]
     stored = Path(whole["run_dir"]) / f"{host}.traceback.txt"
     assert stored.read_text() == doc["traceback"]
     assert "rolled back" in doc["summary"] and record(inventory, host) is None
@@ -148,7 +158,7 @@ def test_seed_story_gate_serve_rerun(lab, inventory, tmp_path):
     assert record(inventory, host)["pid"] == doc["pid"]
 
     # A bad change is stopped by the gate while the server keeps serving.
-    code, bad, _ = deploy_json(lab, tmp_path, host, off)
+    code, bad, _ = deploy_json(lab, tmp_path, host, clash)
     assert code == 1 and bad["phase"] == "smoke"
     assert pid_alive(inventory, host, doc["pid"]) and record(inventory, host)["pid"] == doc["pid"]
     row = status_json(lab, host, good)

@@ -4,7 +4,8 @@ Commands (each ONE exec round trip through the call convention, fleet/remote_cal
 
     plan     everything a deploy decides on, in one round trip: the server facts and the release
              inspection (server_facts.py and release.py are sent with the call as companions,
-             hostlib.companion, and run in this same process), what runs now (record, pid alive,
+             hostlib.companion, and run in this same process), with `doctor` doctor.py's facts
+             (doctor.py and gather_facts.py companions too), what runs now (record, pid alive,
              start time, argv hash), who holds the port, systemd or not; with `lease`, it takes
              the host's deploy lease.
     launch   (lease) refuse a foreign port holder; keep the current generation in previous/;
@@ -377,6 +378,8 @@ class LeasedLock:
 def cmd_plan(args, stream):
     """Facts, release inspection and what runs, in one round trip (see the module docstring)."""
     out = {"systemd": hostlib.systemd_is_pid1() and bool(shutil.which("systemctl")), "time": time.time()}
+    if args.get("doctor") is not None:  # first: it reads the host's clock, against the call's send time
+        out["doctor"] = hostlib.companion("doctor.py").collect(args["doctor"])
     if args.get("facts") is not None:
         out["facts"] = hostlib.companion("server_facts.py").facts(args["facts"])
     if args.get("inspect"):

@@ -2,12 +2,15 @@
 and a failed deploy leaves the host serving what it served before.
 
 Per host, on its one SSH connection (exec round trips numbered; health polls not counted):
-  1 plan      remote/server.py plan: server facts + release inspection (server_facts.py and
-              release.py sent along as companions, same process) + what runs + who holds the
-              port; takes the deploy lease (a second deploy is refused naming the holder)
+  1 plan      remote/server.py plan: server facts + release inspection + doctor's facts
+              (server_facts.py, release.py, doctor.py, gather_facts.py sent along as companions,
+              same process) + what runs + who holds the port; takes the deploy lease (a second
+              deploy is refused naming the holder)
     decide    render (stages.render), the release plan (stages.release.make_plan), restart or
-              not and why. Nothing to do: 2 finish (drops the lease) -> "unchanged: running
-              release X since T". A foreign process on the port: refused, nothing changed.
+              not and why; doctor's checks on the plan's facts (stages.doctor.plan_checks): a
+              failing one refuses the host with doctor's own text, nothing changed. Nothing to
+              do: 2 finish (drops the lease) -> "unchanged: running release X since T". A
+              foreign process on the port: refused, nothing changed.
   2 apply     remote/release.py apply: only the changed files (skipped when there are none)
   3 smoke     remote/smoke_probe.py probe: SGLang's own validation of the argv. The gate: a
               failure stops here with the traceback and the diagnosis; the running server is
@@ -164,9 +167,10 @@ def port_taken(host: str, port: int, holders: list[dict[str, Any]]) -> str:
 
 
 def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: dict[str, Any],
-              recover: bool = True, inventory_path: str = "inventory") -> dict[str, Any]:
-    """Round trip 1: facts, release inspection, what runs, port holders (and the lease). The
-    model, draft and port asked about are the profile's as this host runs it (its inventory
+              recover: bool = True, inventory_path: str = "inventory", checks: bool = False) -> dict[str, Any]:
+    """Round trip 1: facts, release inspection, what runs, port holders (and the lease); with
+    `checks`, doctor's facts too (stages.doctor.plan_checks judges them). The model, draft and
+    port asked about are the profile's as this host runs it (its inventory
     sglfleet_profile_overrides applied, as render applies them); overrides of the wrong shape
     are render's error to report, so they are left out here."""
     try:
@@ -179,6 +183,12 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
                                       "draft": spec.draft_model if spec else None},
                             "port": mine.server.port, **extra}
     companions = tuple(name for name in COMPANIONS if name != "release.py" or artifacts is not None)
+    if checks and artifacts is not None:
+        try:
+            args["doctor"] = doctor.request(conn.host, profile, artifacts, inventory_path, port=False)
+            companions += doctor.PLAN_COMPANIONS
+        except ConfigError:
+            pass  # overrides of the wrong shape: render reports them
     if artifacts is not None:
         package = artifacts.patchset.manifest.package if artifacts.patchset else "sglang"
         # with the builds per fingerprint (build-kernels), one of which may be chosen for the host
@@ -257,6 +267,7 @@ class HostDeploy:
         self.rendered: Rendered | None = None
         self.leased = False
         self.relaunch_current = False  # a revert starts the recorded server again (its launch was refused)
+        self.plan_sent = self.plan_answered = 0.0  # this machine's clock around the plan (doctor's clock check)
 
     # ------------------------------------------------------------ plumbing
 
@@ -318,17 +329,21 @@ class HostDeploy:
         lease = None if self.options.dry_run else {"id": self.deploy_id, "holder": self.holder,
                                                    "ttl": self.lease_ttl()}
         extra = {"holder": self.holder, "lease": lease}
+        self.plan_sent = time.time()
         try:
             # A dry run changes nothing: not even the recovery of an interrupted push.
             planned = plan_call(self.conn, self.profile, self.artifacts, extra, recover=not self.options.dry_run,
-                                inventory_path=self.inventory_path)
+                                inventory_path=self.inventory_path, checks=True)
         except RemoteError as exc:
             held = exc.detail.get("lease")
             if not held or not lease or not _controller_gone(held.get("holder") or {}):
                 raise
             self.note(f"taking over the lease of deploy {held.get('id')} (its controller process is gone)")
             lease["take_over"] = held.get("id")
-            planned = plan_call(self.conn, self.profile, self.artifacts, extra, inventory_path=self.inventory_path)
+            self.plan_sent = time.time()
+            planned = plan_call(self.conn, self.profile, self.artifacts, extra, inventory_path=self.inventory_path,
+                                checks=True)
+        self.plan_answered = time.time()
         self.leased = lease is not None
         if planned.get("lease_took_over"):
             self.doc["lease_taken_over"] = planned["lease_took_over"]
@@ -391,8 +406,13 @@ class HostDeploy:
                         bind=rendered.bind, port=rendered.port, release_changes=[f.key for f in changes],
                         argv_hash=desired["argv_hash"], env_hash=desired["env_hash"])
         foreign = [h for h in planned.get("foreign") or [] if clashes(h["address"], rendered.bind)]
+        unfit = self._doctor(planned)
         if self.options.dry_run:
-            return self._dry_run(planned, host_plan.refusals, foreign, reasons, files, desired)
+            return self._dry_run(planned, host_plan.refusals + ([unfit] if unfit else []), foreign, reasons, files,
+                                 desired)
+        if unfit:
+            self.finish(None)
+            return self.fail("plan", unfit, refused=True)
         if host_plan.refusals:
             return self.fail("plan", f"{self.host.name}: refused: " + "; ".join(host_plan.refusals), refused=True)
         if foreign:
@@ -412,6 +432,16 @@ class HostDeploy:
                                     f"{since(record.get('started'))}")
             return self.doc
         return self._change(planned, host_plan, files, desired, mode)
+
+    def _doctor(self, planned: dict[str, Any]) -> str | None:
+        """Doctor's checks on the plan's facts (no round trip of their own), kept in the result;
+        the failing ones as doctor prints them (None: none fails)."""
+        if "doctor" not in planned:
+            return None
+        checks = doctor.plan_checks(self.host, self.profile, self.artifacts, planned, self.plan_sent,
+                                    self.plan_answered, self.inventory_path)
+        self.doc["doctor"] = [c.to_json() for c in checks]
+        return doctor.refusal_text(self.host.name, checks) if doctor.failing(checks) else None
 
     def _dry_run(self, planned: dict[str, Any], drift: list[str], foreign: list[dict[str, Any]], reasons: list[str],
                  files: dict[str, str], desired: dict[str, Any]) -> dict[str, Any]:

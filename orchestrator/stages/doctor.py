@@ -8,10 +8,11 @@ Checks, in order (a failing one names what was measured, where the setting comes
 fix): gpus, gpu memory, cuda, model, draft, disk, port, clock, versions, extension, worker.
 
 `evaluate` takes facts gathered elsewhere too. Deploy's plan round trip (remote/server.py plan)
-can send PLAN_COMPANIONS as well, put `request(..., port=False)` in its args and call doctor.py's
-`collect` there (the port's holders are already in that plan); `plan_refusal` then judges its
-answer with the same checks and text, without an extra round trip. `unserved` is the one check
-`plan` runs on its own inspection.
+sends PLAN_COMPANIONS as well, puts `request(..., port=False)` in its args and calls doctor.py's
+`collect` there (the port's holders are already in that plan); `plan_checks` / `plan_refusal` then
+judge its answer with the same checks and text, without an extra round trip. The port is left to
+deploy's own check on the same facts (it names another profile's server as such). `unserved` is
+the one check `plan` runs on its own inspection.
 """
 
 from __future__ import annotations
@@ -117,13 +118,22 @@ def gather(conn: Any, profile: Profile | None, artifacts: Artifacts, inventory_p
 
 # What deploy's plan round trip sends besides its own companions for `collect`.
 PLAN_COMPANIONS = ("gather_facts.py", SCRIPT)
+# Checks deploy makes itself on the same facts (its refusal names another profile's server as such).
+DEPLOYS_OWN = ("port",)
+
+
+def plan_checks(host: Host, profile: Profile, artifacts: Artifacts, planned: dict[str, Any], sent_at: float,
+                answered_at: float, inventory_path: str = "inventory") -> list[Check]:
+    """For deploy's plan step: doctor's checks on what its plan round trip gathered."""
+    checks = evaluate(host, profile, artifacts, from_deploy_plan(planned, sent_at, answered_at), inventory_path)
+    return [c for c in checks if c.name not in DEPLOYS_OWN]
 
 
 def plan_refusal(host: Host, profile: Profile, artifacts: Artifacts, planned: dict[str, Any], sent_at: float,
                  answered_at: float, inventory_path: str = "inventory") -> str | None:
-    """For deploy's plan step: the failing checks on what its plan round trip gathered, as the
-    one message doctor prints (None: every check passes or only warns)."""
-    checks = evaluate(host, profile, artifacts, from_deploy_plan(planned, sent_at, answered_at), inventory_path)
+    """The failing checks of plan_checks as the one message doctor prints (None: every check
+    passes or only warns)."""
+    checks = plan_checks(host, profile, artifacts, planned, sent_at, answered_at, inventory_path)
     return refusal_text(host.name, checks) if failing(checks) else None
 
 

@@ -53,10 +53,12 @@ def diagnose(result: dict[str, Any], rendered: Rendered | None) -> list[str]:
     for old, (new, _what) in RENAMED.items():
         if f"unrecognized arguments: {old}" in text or (old in text and "unrecognized arguments" in text):
             fixes.append(f"{old} was renamed to {new} in this SGLang")
-    if "block_size" in text and ("differ" in text or "draft tokens were asked for" in text):
+    if re.search(r"block[_-]size", text) and ("differ" in text or "draft tokens were asked for" in text):
         block = (rendered.facts.get("draft") or {}).get("block_size") if rendered else None
         fixes.append("DFlash block size mismatch: set speculative.block_size to the draft's block_size"
-                     + (f" ({block})" if block else "") + " or leave it out")
+                     + (f" ({block})" if block else "") + " or leave it out"
+                     + (", and drop --speculative-num-draft-tokens from server.extra_args (the draft tokens follow "
+                        "the block size)" if "--speculative-num-draft-tokens" in argv else ""))
     if re.search(r"(does not exist|not a valid model|No such file|Can't load the configuration)", text):
         fixes.append("a model path is missing on the host: copy the model there or fix model.path / "
                      "speculative.draft_model")
