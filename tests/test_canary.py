@@ -259,3 +259,88 @@ def test_the_stand_ins_metrics_move_only_with_requests_and_count_failures(monkey
     assert canary.sample_between("h", idle, busy) is not None
     server.args.enable_metrics = False
     assert server.metrics({})[0] == 404
+
+
+# ---------------------------------------------------------------- the rollout's part (no host)
+
+
+def test_canary_option_and_the_first_batch():
+    from orchestrator.stages import rollout
+
+    assert rollout.parse_canary(None) is None and rollout.parse_canary("") is None
+    assert rollout.parse_canary("1") == 1 and rollout.parse_canary("10%") == "10%"
+    for bad in ("0", "1,2", "x", "150%"):
+        with pytest.raises(ConfigError, match="--canary"):
+            rollout.parse_canary(bad)
+    # the canary is the first batch, then --batch as given
+    hosts = [f"h{i}" for i in range(8)]
+    assert [len(b) for b in rollout.plan_batches(hosts, [1] + rollout.parse_serial("25%"))] == [1, 2, 2, 2, 1]
+    assert [len(b) for b in rollout.plan_batches(hosts, ["10%"] + [3])] == [1, 3, 3, 1]
+
+
+def test_the_state_keeps_the_options_a_resume_needs(tmp_path):
+    from orchestrator.stages import rollout
+    from orchestrator.stages.deploy import DeployOptions
+
+    options = rollout.RolloutOptions(mode="deploy", serial=[1, "25%"], max_unavailable="2", min_ready=3,
+                                     canary="1", analysis_window=30, analysis_mode="pause",
+                                     deploy=DeployOptions(command="sglfleet deploy", stop_grace=7,
+                                                          timeouts={"port": 9.0}, revert=False))
+    again = rollout.options_from(rollout.options_doc(options), tmp_path, "sglfleet rollout continue")
+    assert again.resume and again.state_dir == tmp_path
+    for key in rollout.KEPT_OPTIONS:
+        assert getattr(again, key) == getattr(options, key), key
+    assert (again.deploy.stop_grace, again.deploy.timeouts, again.deploy.revert) == (7, {"port": 9.0}, False)
+    assert again.deploy.command == "sglfleet rollout continue"
+
+
+def test_one_controller_per_rollout_and_its_decision_file(tmp_path):
+    import subprocess
+    import sys
+
+    from orchestrator.stages import rollout
+
+    state = tmp_path / "rollouts" / "deploy-p-abc.json"
+    first = rollout.ControllerLock(state)
+    with first:
+        assert first.holder().startswith("pid ")
+        with pytest.raises(ConfigError, match="another controller"):
+            with rollout.ControllerLock(state):
+                pass
+        # another process sees it held too (flock is per open file, not per process: same answer)
+        probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                 "try:\n    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('free')\n"
+                 "except BlockingIOError:\n    print('held')\n")
+        assert subprocess.run([sys.executable, "-c", probe, str(first.path)], capture_output=True,
+                              text=True).stdout.strip() == "held"
+    with rollout.ControllerLock(state):
+        pass  # released
+    assert rollout.take_decision(state) is None
+    rollout.send_decision(state, "continue", "sglfleet rollout continue")
+    taken = rollout.take_decision(state)
+    assert taken["action"] == "continue" and taken["by"]["command"] == "sglfleet rollout continue"
+    assert rollout.take_decision(state) is None  # taken once
+    with pytest.raises(ConfigError):
+        rollout.send_decision(state, "promote", "x")
+
+
+def test_a_window_too_short_for_the_samples_or_the_interval_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from orchestrator.stages import rollout
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\nmodel: {path: /m}\nanalysis:\n  interval: 2\n  min_samples: 5\n")
+    run = object.__new__(rollout.Rollout)
+    run.profile = load_profile(str(path))
+    run.options = SimpleNamespace(analysis_mode="auto", analysis_window=1.0)
+    with pytest.raises(ConfigError, match=r"shorter than the profile's analysis.interval \(2 s, .*p.yaml:4\)"):
+        run.check_analysis()
+    run.options.analysis_window = 8.0
+    run.window = run.check_analysis()
+    with pytest.raises(ConfigError, match="at most 4 sample"):  # 8 s / 2 s = 4 intervals < 5
+        run.samples_possible(1)
+    run.samples_possible(2)  # two canary hosts: 8 samples
+    run.options.analysis_mode = "maybe"
+    with pytest.raises(ConfigError, match="--analysis must be auto or pause"):
+        run.check_analysis()

@@ -119,6 +119,8 @@ def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = Profile
            max_fail_percentage: float = rolling.MaxFailOpt, drain_timeout: float = rolling.DrainOpt,
            router_timeout: float = rolling.RouterTimeoutOpt, resume: bool = rolling.ContinueOpt,
            no_router: bool = rolling.NoRouterOpt, allow_full_outage: bool = rolling.FullOutageOpt,
+           canary: Optional[str] = rolling.CanaryOpt, analysis_window: Optional[float] = rolling.AnalysisWindowOpt,
+           analysis_mode: str = rolling.AnalysisOpt,
            host_key_policy_opt: Optional[str] = PolicyOpt) -> None:
     """Push, smoke-test, launch and health-check PROFILE's server on each host; safe to rerun."""
     if manager not in (None, "systemd", "supervisor"):
@@ -127,6 +129,8 @@ def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = Profile
         refuse_without(ctx, rolling.ROLLING_ONLY, "--rolling")
     elif dry_run:
         raise ConfigError("--dry-run shows the plan without --rolling; drop --rolling to see it")
+    elif not canary:
+        refuse_without(ctx, ("analysis_window", "analysis_mode"), "--canary")
     inv, prof = inventory(inventory_path), load_profile(profile)
     artifacts = prof.artifacts()
     options = stage.DeployOptions(command=command_line(), dry_run=dry_run, revert=not no_revert, force=force,
@@ -138,7 +142,8 @@ def deploy(ctx: typer.Context, pattern: str = PatternArg, profile: str = Profile
             "deploy", batch, max_unavailable, max_fail_percentage, drain_timeout,
             rolling.DEFAULT_MIN_READY_S if min_ready is None else min_ready, stop_grace, router_timeout, resume,
             load_timeout, health_timeout, runs, deploy_options=options, no_router=no_router,
-            allow_full_outage=allow_full_outage), as_json, host_key_policy_opt)
+            allow_full_outage=allow_full_outage, canary=canary, analysis_window=analysis_window,
+            analysis_mode=analysis_mode), as_json, host_key_policy_opt)
     directory = None if dry_run else run_dir(runs, "deploy")
     found = units(inv, inv.select(pattern), prof)
 

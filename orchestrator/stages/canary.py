@@ -60,9 +60,29 @@ class Reading:
     aborted: float | None = None           # sglang:num_aborted_requests_total
 
 
+# The families a Reading uses (a counter under both its names: SGLang's text writes `_total`).
+READ = {name + suffix for name in ("sglang:generation_tokens", "sglang:num_requests", "sglang:http_responses",
+                                   "sglang:num_aborted_requests") for suffix in ("", "_total")} | set(metrics.LIVE)
+
+
+def _read_lines(text: str) -> str:
+    """Only the lines of the families READ: SGLang's /metrics is ~800 lines (histograms per label
+    set), which prometheus_client parses in ~10 ms of CPU; these few lines in a fraction of it."""
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            name = parts[2] if len(parts) > 2 and parts[1] in ("HELP", "TYPE") else ""
+        else:
+            name = line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+        if name in READ:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def reading(text: str, at: float) -> Reading:
     """A /metrics text as a Reading (prometheus_client's parser, through stages.metrics)."""
-    found = metrics.prometheus_samples(text, "--canary")
+    found = metrics.prometheus_samples(_read_lines(text), "--canary")
     sums: dict[str, float] = {}
     for name, labels, value in found:
         if name == "sglang:http_responses_total":
@@ -346,3 +366,60 @@ def charts(directory: Path, samples: dict[str, list[Sample]], roles: dict[str, s
 
 def write_run(directory: Path, document: dict[str, Any]) -> Path:
     return runs.write_json(directory / "analysis.json", document)
+
+
+# ---------------------------------------------------------------- one analysis, start to end
+
+# (hosts, since, until) -> each host's decode lines: where /metrics is off (the rollout reads them
+# through stages.metrics on its SSH connections).
+LogReader = Callable[[list[str], float, float], dict[str, list[metrics.Decode]]]
+
+
+def analyse(canary_hosts: list[str], baseline_hosts: list[str], urls: dict[str, str], rules: Analysis, window: float,
+            stop: threading.Event, read_logs: LogReader, directory: Path,
+            progress: Callable[[str], None] = lambda text: None) -> dict[str, Any]:
+    """Observe both sides over the window, judge, and keep it all in `directory` (analysis.json
+    with every sample, the charts). The document returned is what the rollout reports (--json)."""
+    began, cpu = time.monotonic(), time.process_time()
+    roles = {**{h: "canary" for h in canary_hosts}, **{h: "baseline" for h in baseline_hosts}}
+
+    def tick(elapsed: float, counts: dict[str, int]) -> None:
+        c = sum(counts.get(h, 0) for h in canary_hosts)
+        b = sum(counts.get(h, 0) for h in baseline_hosts)
+        progress(f"canary analysis {elapsed:.0f}s / {window:g}s: samples canary {c}, baseline {b}")
+
+    observer = Observer({h: urls[h] for h in roles}, window, rules.interval, stop, tick).run()
+    samples = dict(observer.samples)
+    log_errors: dict[str, str] = {}
+    if observer.metrics_off and not stop.is_set():
+        progress(f"canary analysis: /metrics is off on {', '.join(sorted(observer.metrics_off))}: reading their "
+                 "decode log lines")
+        try:
+            lines = read_logs(sorted(observer.metrics_off), observer.started_at, observer.ended_at)
+        except Exception as exc:  # noqa: BLE001 - said in the result; the verdict goes on without them
+            lines, log_errors["*"] = {}, f"{type(exc).__name__}: {exc}"
+        for host in observer.metrics_off:
+            if host in lines:
+                samples[host] = from_decode_lines(host, lines[host], observer.started_at, observer.ended_at)
+            else:
+                log_errors.setdefault(host, "its decode lines could not be read")
+    tallies = {h: t for h, t in observer.tallies.items() if h not in observer.metrics_off}
+    verdict = judge(Side.of(canary_hosts, samples, tallies), Side.of(baseline_hosts, samples, tallies), rules)
+    doc: dict[str, Any] = {
+        **verdict.to_json(), "canary": list(canary_hosts), "baseline": list(baseline_hosts),
+        "window_s": window, "interval_s": rules.interval, "min_samples": rules.min_samples,
+        "interrupted": stop.is_set(), "observed_s": round(observer.ended_at - observer.started_at, 3),
+        "samples": {h: len(samples.get(h) or []) for h in roles},
+        "source": {h: "decode log" if h in observer.metrics_off else "/metrics" for h in roles},
+        "read_errors": {**observer.errors, **log_errors}, "reads": observer.reads, "run_dir": str(directory)}
+    try:
+        drawn = charts(directory, samples, roles)
+        doc["charts"] = {metric: chart["file"] for metric, chart in drawn.items()}
+    except Exception as exc:  # noqa: BLE001 - matplotlib missing or failing: the verdict stands without a chart
+        doc["charts"] = {}
+        doc["chart_error"] = f"{type(exc).__name__}: {exc}"
+    doc["seconds"] = round(time.monotonic() - began, 3)
+    doc["cpu_s"] = round(time.process_time() - cpu, 3)
+    write_run(directory, dict(doc, every_sample={h: [asdict(s) for s in found] for h, found in samples.items()},
+                              tallies={h: asdict(t) for h, t in tallies.items()}, rules=rules.model_dump()))
+    return doc

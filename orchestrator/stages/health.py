@@ -62,6 +62,8 @@ class HealthResult:
             return f"health stage {f.get('stage')} timed out after {f.get('seconds')}s (last: {f.get('last')})"
         if f.get("stage") == "launch":
             return f"launch failed: {f.get('message')}"
+        if f.get("stage") == "canary":  # healthy, but the canary analysis (or a human) rejected it
+            return str(f.get("message"))
         return f"health stage {f.get('stage')} failed: {f.get('message') or f.get('last')}"
 
 

@@ -34,6 +34,16 @@ every rank, a failure reverting every rank), and its min_ready is every rank ali
 that long (inside the group's deploy, so a failure there reverts the whole group too); then it
 goes back in. A pattern must select whole groups.
 
+Canary analysis (`canary`, CLI --canary N): the first batch is the canary. Once it is back in
+routing (its min_ready passed), stages.canary observes it and the baseline (the selected hosts
+still on what served before) for the analysis window, judges, and decide()s: continue, revert the
+canary (HostRoll.revert_canary: out of routing, drained, HostDeploy's revert, back in; the rest
+untouched, exit 1), or pause. Paused, the controller waits for a decision file that `sglfleet
+rollout continue|abort` writes beside the state file; the controller holds a lock on the state
+(`<state>.lock`) its whole run, so those commands know whether one is waiting, and when none is
+(it exited), they resume or revert from the state file themselves: the state keeps the
+inventory, the profile, the options and what each canary host's revert needs.
+
 Round trips per host are HostDeploy's (see stages/deploy.py; a vouched restart: plan, launch,
 record); the router calls are HTTP from this machine (fleet/router.py), each URL checked by the
 loopback guard. Each host's document keeps its phase times and, on the rollout's one clock,
@@ -43,8 +53,11 @@ when it was prepared, taken out and put back (prepare_at_s, out_at_s, back_at_s)
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
+import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -62,10 +75,14 @@ from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_hea
 from ..numbers import check_number
 from ..spec.profile import Artifacts, Profile, with_overrides
 from ..fleet.server_groups import server_groups
+from . import canary as canary_stage
 from . import deploy as deploy_stage
 from . import groups as groups_stage
 from . import health as health_stage
 from . import units as units_stage
+from . import metrics as metrics_stage
+from .logs import Query
+from .runs import run_dir
 
 WILDCARD_BINDS = ("0.0.0.0", "::", "")
 
@@ -88,7 +105,7 @@ class Aborted(SglfleetError):
 # ---------------------------------------------------------------- planning (no host touched)
 
 
-def parse_serial(text: str | int | list[Any]) -> list[int | str]:
+def parse_serial(text: str | int | list[Any], option: str = "--batch") -> list[int | str]:
     """'1,25%' -> [1, '25%']; each entry a positive count or a percentage in (0, 100]."""
     items = text if isinstance(text, list) else [p.strip() for p in str(text).split(",")]
     out: list[int | str] = []
@@ -98,22 +115,33 @@ def parse_serial(text: str | int | list[Any]) -> list[int | str]:
             try:
                 value = float(Decimal(item[:-1]))
             except (ArithmeticError, ValueError):
-                raise ConfigError(f"--batch entry '{item}' is not a percentage like 25%") from None
+                raise ConfigError(f"{option} entry '{item}' is not a percentage like 25%") from None
             if not 0 < value <= 100:
-                raise ConfigError(f"--batch percentage must be in (0, 100], got '{item}'")
+                raise ConfigError(f"{option} percentage must be in (0, 100], got '{item}'")
             out.append(item)
             continue
         try:
             count = int(item)
         except ValueError:
-            raise ConfigError(f"--batch entry '{item}' is neither a host count nor a percentage "
-                              "(e.g. --batch 1,25%)") from None
+            raise ConfigError(f"{option} entry '{item}' is neither a host count nor a percentage "
+                              f"(e.g. {option} 1, {option} 25%)") from None
         if count < 1:
-            raise ConfigError(f"--batch host count must be at least 1, got '{item}'")
+            raise ConfigError(f"{option} host count must be at least 1, got '{item}'")
         out.append(count)
     if not out:
-        raise ConfigError("--batch is empty (e.g. --batch 1, --batch 25%, --batch 1,25%)")
+        raise ConfigError(f"{option} is empty (e.g. {option} 1, {option} 25%" + (", --batch 1,25%)" if option ==
+                                                                                  "--batch" else ")"))
     return out
+
+
+def parse_canary(text: str | int | None) -> int | str | None:
+    """--canary: one host count or percentage (the first batch); None or '': no canary."""
+    if text is None or str(text).strip() == "":
+        return None
+    entries = parse_serial(str(text), "--canary")
+    if len(entries) != 1:
+        raise ConfigError(f"--canary is one host count or percentage (the first batch), got '{text}'")
+    return entries[0]
 
 
 def percent_of(percent: str, total: int) -> int:
@@ -329,15 +357,130 @@ class RolloutOptions:
     state_dir: Path = Path("runs")
     no_router: bool = False            # hosts no router fronts are rolled anyway (clients see errors)
     allow_full_outage: bool = False    # a batch / max_unavailable may take all of a router's hosts out
+    canary: str | int | None = None        # the first batch: hosts or a percentage (None: no canary analysis)
+    analysis_window: float | None = None   # seconds (None: the profile's analysis.window)
+    analysis_mode: str = "auto"            # auto: the verdict decides | pause: wait for a human after it
     # TEST ONLY: SIGTERM without taking the host out of routing or waiting for its requests (the
     # control run that proves the zero-failure test can fail). Never exposed on the CLI.
     unsafe_skip_drain: bool = False
 
 
+# What the state file keeps of the options (so `rollout continue` can resume without the command line).
+KEPT_OPTIONS = ("mode", "serial", "max_unavailable", "max_fail_percentage", "drain_timeout", "min_ready",
+                "router_timeout", "no_router", "allow_full_outage", "canary", "analysis_window", "analysis_mode")
+KEPT_DEPLOY = ("command", "revert", "force", "stop_grace", "timeouts", "manager")
+
+
+def options_doc(options: RolloutOptions) -> dict[str, Any]:
+    doc = {k: getattr(options, k) for k in KEPT_OPTIONS}
+    doc["deploy"] = {k: getattr(options.deploy, k) for k in KEPT_DEPLOY} if options.deploy else None
+    return doc
+
+
+def options_from(doc: dict[str, Any], state_dir: Path, command: str) -> RolloutOptions:
+    """The options a state file kept, to resume with (`resume=True`); `command` is who resumes."""
+    kept = {k: doc[k] for k in KEPT_OPTIONS if k in doc}
+    deploy = doc.get("deploy")
+    try:
+        kept["serial"] = parse_serial(kept.get("serial") or [1])
+        return RolloutOptions(**kept, resume=True, state_dir=state_dir,
+                              deploy=deploy_stage.DeployOptions(**dict(deploy, command=command)) if deploy else None)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"the rollout state's options cannot be read back ({exc}): resume it with the command "
+                          "that started it and --continue") from None
+
+
 def state_path(options: RolloutOptions, inventory_path: str, pattern: str, profile: Profile) -> Path:
     key = hashlib.sha256(json.dumps([options.mode, str(Path(inventory_path).resolve()), pattern,
-                                     str(profile.path)]).encode()).hexdigest()[:12]
+                                     str(Path(profile.path).resolve())]).encode()).hexdigest()[:12]
     return Path(options.state_dir) / "rollouts" / f"{options.mode}-{profile.name}-{key}.json"
+
+
+# ---------------------------------------------------------------- the controller and its decisions
+
+
+class ControllerLock:
+    """Held by the process running (or reverting) a rollout, for its whole run: `<state>.lock`,
+    flock'ed, with the holder's pid in it. A second controller of the same rollout is refused;
+    `rollout continue|abort` tell a waiting controller from none by it."""
+
+    def __init__(self, state_file: Path):
+        self.path = Path(str(state_file) + ".lock")
+        self.fd: int | None = None
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        self.fd = fd
+        return True
+
+    def release(self, remove: bool = False) -> None:
+        if self.fd is None:
+            return
+        if remove:
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> "ControllerLock":
+        if not self.acquire():
+            raise ConfigError(f"another controller ({self.holder()}) is running this rollout (lock {self.path}); "
+                              "`sglfleet rollout continue` or `sglfleet rollout abort` decides for it when it is "
+                              "paused. Nothing was done.")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def decision_path(state_file: Path) -> Path:
+    return Path(str(state_file) + ".decision")
+
+
+def send_decision(state_file: Path, action: str, command: str) -> None:
+    """For a paused controller: continue or abort (it takes the file away when it acts)."""
+    if action not in (canary_stage.CONTINUE, "abort"):
+        raise ConfigError(f"a paused rollout is continued or aborted, not {action!r}")
+    path = decision_path(state_file)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"action": action, "by": deploy_stage.holder(command), "at": time.time()}))
+    tmp.replace(path)
+
+
+def take_decision(state_file: Path) -> dict[str, Any] | None:
+    path = decision_path(state_file)
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    return doc if isinstance(doc, dict) and doc.get("action") in (canary_stage.CONTINUE, "abort") else None
+
+
+def saved_rollouts(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every rollout state under STATE_DIR/rollouts (halted or paused ones: a finished one leaves none)."""
+    out = []
+    for path in sorted((Path(state_dir) / "rollouts").glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out.append((path, doc))
+    return out
 
 
 # ---------------------------------------------------------------- one host
@@ -426,15 +569,17 @@ class HostRoll:
             text = "stop (SGLang's drain) and start"
         self.stage(text)
 
-    def take_out(self) -> None:
+    def take_out(self, gated: bool = True) -> None:
+        """Out of every router and drained; `gated`: only once the batch before is back (a
+        canary's revert is not: it comes after its own batch, whatever halts)."""
         started = time.monotonic()
-        gate = self.run.gates[self.batch] if getattr(self.run, "gates", None) else None
+        gate = self.run.gates[self.batch] if gated and getattr(self.run, "gates", None) else None
         if gate is not None and not gate.is_set():
             self.stage("prepared; waiting for the previous batch")
             while not gate.wait(0.2):
                 if self.run.stop.is_set():
                     break
-        if self.run.stop.is_set() or getattr(self.run, "halting", threading.Event()).is_set():
+        if gated and (self.run.stop.is_set() or getattr(self.run, "halting", threading.Event()).is_set()):
             raise Aborted(f"{self.name}: not taken out: the rollout halted before its batch")
         self.run.capacity.acquire(self.name)
         self.times["waited_for_slot_s"] = round(time.monotonic() - started, 3)
@@ -500,15 +645,43 @@ class HostRoll:
         return None
 
     def revert_after_min_ready(self, doc: dict[str, Any], why: str) -> dict[str, Any]:
-        """ADAPTER (until stages.deploy can revert a recorded deployment itself): a server that
-        passed health but did not stay healthy for min_ready goes back to the previous deployment
-        with HostDeploy's own revert (lease, release rollback, server revert, health, record)."""
+        """A server that passed health but did not stay healthy for min_ready goes back to the
+        previous deployment (revert_deployed)."""
         self.stage(f"min_ready failed ({why}): revert")
+        return self.revert_deployed(doc, why, "min_ready")
+
+    def revert_canary(self, doc: dict[str, Any], why: str) -> dict[str, Any]:
+        """A canary the analysis failed (or a human aborted): out of routing and drained, back on
+        the deployment it served before (revert_deployed), back in routing."""
+        started = time.monotonic()
+        self.stage(f"revert the canary: {why}")
+        try:
+            self.take_out(gated=False)
+        except (RouterError, Aborted) as exc:
+            return dict(doc, ok=False, outcome="failed (canary not reverted)",
+                        summary=f"{self.name}: {why}; taking it out of routing to revert it FAILED: {exc}")
+        out = self.revert_deployed(doc, why, "canary")
+        if (out.get("reverted") or {}).get("healthy"):
+            out["outcome"] = "reverted (canary)"
+            try:
+                self.put_back()
+            except RouterError as exc:
+                out.update(summary=f"{out.get('summary')}; putting it back in routing FAILED: {exc}",
+                           outcome="reverted (canary), out of routing")
+        out["rollout_times"] = dict(doc.get("rollout_times") or {}, **{"revert_" + k: v for k, v in self.times.items()})
+        out["revert_seconds"] = round(time.monotonic() - started, 3)
+        return out
+
+    def revert_deployed(self, doc: dict[str, Any], why: str, phase: str) -> dict[str, Any]:
+        """ADAPTER (until stages.deploy can revert a recorded deployment itself): the host, out of
+        routing, goes back to the deployment before `doc`'s with HostDeploy's own revert (lease,
+        release rollback, server revert, health, record). `doc` needs only what a state file
+        keeps: pushed, running_before, mode."""
         again = deploy_stage.HostDeploy(self.conn, self.run.profile, self.run.artifacts, self.run.inventory.path,
                                         self.run.deploy_options, self.stage)
         try:
             again._plan()  # takes the deploy lease
-            failed = health_stage.HealthResult(ok=False, failed={"stage": "min_ready", "message": why})
+            failed = health_stage.HealthResult(ok=False, failed={"stage": phase, "message": why})
             again._failed_after_launch(failed, doc.get("pushed"), (doc.get("running_before") or {}).get("release"),
                                        doc.get("mode") or "supervisor")
         except SglfleetError as exc:
@@ -519,7 +692,7 @@ class HostRoll:
                     again.server("unlease")
                 except SglfleetError:
                     pass
-        out = dict(doc, ok=False, phase="min_ready", reverted=again.doc.get("reverted"),
+        out = dict(doc, ok=False, phase=phase, reverted=again.doc.get("reverted"),
                    rolled_back=again.doc.get("rolled_back"), summary=f"{self.name}: {again.doc.get('summary') or why}")
         out["outcome"] = "failed, reverted" if (again.doc.get("reverted") or {}).get("healthy") else \
             "failed (out of routing)"
@@ -597,6 +770,7 @@ class Rollout:
         self.units = units_stage.units(inventory, inventory.select(pattern), profile)
         self.hosts = [unit_host(u) for u in self.units]
         self.unit_of = {u.leader.name: u for u in self.units}
+        self.unit_by_name = {u.name: u for u in self.units}
         if not self.hosts:
             raise ConfigError(f"pattern '{pattern}' selects no host")
         if not options.no_router and routing_refusal(self.hosts):
@@ -611,8 +785,19 @@ class Rollout:
             + sum({**health_stage.DEFAULT_TIMEOUTS, **deploy_options.timeouts}.values()))
         self.worker_urls = {h.name: worker_url(h, profile) for h in self.hosts}
         self.max_unavailable = parse_max_unavailable(options.max_unavailable, len(self.hosts))
+        self.canary_entry = parse_canary(options.canary)
+        self.serial = ([self.canary_entry] if self.canary_entry is not None else []) + list(options.serial)
+        self.window = 0.0
+        if self.canary_entry is not None:
+            self.window = self.check_analysis()
+            self.samples_possible(batch_size(self.canary_entry, len(self.hosts)))
+        elif options.analysis_window is not None or options.analysis_mode != "auto":
+            raise ConfigError("--analysis-window and --analysis are for --canary only; add --canary N or leave them "
+                              "out (nothing was done)")
+        self.analysis: dict[str, Any] | None = None
+        self.on_verdict: Callable[[dict[str, Any]], None] = lambda analysis: None  # the CLI shows the table
         if not options.allow_full_outage:
-            refusals = outage_refusals(plan_batches([h.name for h in self.hosts], options.serial),
+            refusals = outage_refusals(plan_batches([h.name for h in self.hosts], self.serial),
                                        self.fronted(), self.fleet_sizes(), self.max_unavailable,
                                        options.max_unavailable)
             if refusals:
@@ -628,6 +813,47 @@ class Rollout:
 
     def event(self, kind: str, host: str | None, text: str) -> None:
         self.events(kind, host, text)
+
+    def check_analysis(self) -> float:
+        """The canary analysis' window, once its options and the profile's analysis: are seen to
+        fit together (before any host is touched)."""
+        metrics_stage._optional("prometheus_client", "--canary")  # /metrics is parsed with it
+        if self.options.analysis_mode not in (canary_stage.PAUSE, "auto"):
+            raise ConfigError(f"--analysis must be auto or pause, got '{self.options.analysis_mode}'")
+        rules = self.profile.model.analysis
+        window = rules.window if self.options.analysis_window is None else self.options.analysis_window
+        check_number("--analysis-window", window, above=0, unit="seconds")
+        if rules.interval > window:
+            section = self.profile.source.get("analysis") if isinstance(self.profile.source, dict) else None
+            line = section.line_of("interval") if hasattr(section, "line_of") else None
+            raise ConfigError(f"--analysis-window {window:g} s is shorter than the profile's analysis.interval "
+                              f"({rules.interval:g} s, {self.profile.path}{f':{line}' if line else ''}): no server "
+                              "would be read twice in it. Give a longer window or a shorter interval.")
+        return window
+
+    def samples_possible(self, canary_hosts: int) -> None:
+        """Refuse a window that cannot hold analysis.min_samples of the canary's intervals: every
+        verdict would be inconclusive."""
+        rules = self.profile.model.analysis
+        most = int(self.window // rules.interval) * canary_hosts
+        if most < rules.min_samples:
+            raise ConfigError(f"canary analysis: a window of {self.window:g} s read every {rules.interval:g} s gives "
+                              f"the canary ({canary_hosts} host(s)) at most {most} sample(s), fewer than the "
+                              f"profile's analysis.min_samples {rules.min_samples} ({self.profile.path}): every "
+                              "verdict would be inconclusive. Lengthen --analysis-window or analysis.window, or "
+                              "shorten analysis.interval. Nothing was done.")
+
+    def check_canary_units(self, canary: list[str]) -> None:
+        """A server group in the canary batch is refused (before any host is touched): reverting a
+        judged group needs every rank reverted together, rank 0 first, which only GroupDeploy's
+        own failure path does today; a group in the baseline or a later batch is fine (the
+        analysis reads its rank 0's /metrics, as routing sees it)."""
+        groups = [n for n in canary if self.unit_by_name[n].is_group]
+        if groups:
+            raise ConfigError(f"--canary {self.canary_entry} takes the server group(s) {', '.join(groups)} into the "
+                              "canary batch, and a canary that fails is reverted host by host, which a group cannot "
+                              "be: order the inventory (or the pattern) so single hosts come first, or roll the "
+                              "groups without --canary. Nothing was done.")
 
     def clock(self) -> float:
         """Seconds since run() began: the hosts' times on one timeline (out_at_s, back_at_s)."""
@@ -763,6 +989,15 @@ class Rollout:
     # ------------------------------------------------------------ the run
 
     def run(self) -> dict[str, Any]:
+        lock = ControllerLock(self.state_file)
+        with lock:
+            decision_path(self.state_file).unlink(missing_ok=True)  # one left for a controller that is gone
+            doc = self._run()
+        if doc["state_file"] is None:
+            lock.path.unlink(missing_ok=True)
+        return doc
+
+    def _run(self) -> dict[str, Any]:
         self.started = started = time.monotonic()
         names = [h.name for h in self.hosts]
         state = self._load_state() if self.options.resume else {}
@@ -770,12 +1005,30 @@ class Rollout:
             raise ConfigError(f"--continue: no halted rollout to resume ({self.state_file} does not exist)")
         done = set(state.get("done") or []) & set(names)
         todo = [n for n in names if n not in done]
+        judged = dict(state.get("canary") or {})
+        if state.get("paused") and self.options.resume:  # resuming a paused canary is the human's "continue"
+            judged["decision"] = {"action": canary_stage.CONTINUE, "by": deploy_stage.holder(self.options.deploy.command
+                                  if self.options.deploy else "--continue"), "at": time.time()}
+        canary_on = self.canary_entry is not None and \
+            (judged.get("decision") or {}).get("action") != canary_stage.CONTINUE
+        serial = self.serial if canary_on else list(self.options.serial)
         table = self.preflight()
         self.check_capacity(table)
-        batches = plan_batches(todo, self.options.serial, total=len(names))
+        batches = plan_batches(todo, serial, total=len(names))
         self.check_outage(table, batches)
+        baseline: list[str] = []
+        if canary_on and batches:
+            self.check_canary_units(batches[0])
+            up = {r["host"] for r in table if r["up"]}
+            baseline = [n for n in todo if n not in batches[0] and n in up]
+            if not baseline:
+                raise RolloutRefused(f"refusing to start: --canary {self.canary_entry} takes {', '.join(batches[0])}, "
+                                     "and no other selected host serves what runs now to compare it with (the "
+                                     "baseline). Select more hosts, or leave --canary out.", table)
         state = {"mode": self.options.mode, "pattern": self.pattern, "profile": self.profile.name,
-                 "done": sorted(done), "hosts": state.get("hosts") or {}, "halted": None}
+                 "inventory": str(Path(self.inventory.path).resolve()), "profile_path": str(self.profile.path.resolve()),
+                 "options": options_doc(self.options), "done": sorted(done), "hosts": state.get("hosts") or {},
+                 "canary": judged, "paused": None, "halted": None}
         self._save_state(state)
         by_name = {h.name: h for h in self.hosts}
         known = KnownHosts(self.inventory.known_hosts_path)
@@ -783,7 +1036,8 @@ class Rollout:
         halted: dict[str, Any] | None = None
         batch_rows = []
         # Batch k may take hosts out once batch k-1 is back (gates[k]); with `pipeline`, batch k+1
-        # already prepares (plan, smoke: read-only in restart mode) while batch k is out.
+        # already prepares (plan, smoke: read-only in restart mode) while batch k is out; not while
+        # the canary is out and judged (a paused canary may wait for days).
         self.gates = [threading.Event() for _ in batches]
         self.halting = threading.Event()
         pipeline = self.options.mode == "restart" and self.options.pipeline
@@ -800,9 +1054,10 @@ class Rollout:
             start_batch(0)
             for k, batch in enumerate(batches):
                 index = k + 1
-                self.event("batch", None, f"batch {index}/{len(batches)}: {', '.join(batch)}")
+                self.event("batch", None, f"batch {index}/{len(batches)}: {', '.join(batch)}"
+                           + (" (the canary)" if canary_on and k == 0 else ""))
                 b_started = time.monotonic()
-                if pipeline:
+                if pipeline and not (canary_on and k == 0):
                     start_batch(k + 1)
                 results = futures[k].result()
                 failed, aborted = [], []
@@ -815,7 +1070,7 @@ class Rollout:
                     docs[name] = doc
                     first = (doc.get("summary") or "").splitlines()[0] if doc.get("summary") else ""
                     self.event("host-done", name, f"{doc.get('outcome')}: {first}")
-                    state["hosts"][name] = {k2: doc.get(k2) for k2 in ("outcome", "release", "deploy_id", "summary")}
+                    state["hosts"][name] = _kept(doc)
                     if doc.get("ok"):
                         state["done"] = sorted(set(state["done"]) | {name})
                     else:
@@ -831,6 +1086,9 @@ class Rollout:
                               f"({len(failed) * 100.0 / len(batch):.0f}% > --max-fail-percentage "
                               f"{self.options.max_fail_percentage:g})", "failed": failed}
                     self.event("halt", None, halted["why"])
+                elif canary_on and k == 0:
+                    halted = self._judge_canary(batch, baseline, docs, state, by_name, known)
+                    batch_rows[-1]["seconds"] = round(time.monotonic() - b_started, 3)
                 if halted:
                     self.halting.set()
                     for gate in self.gates:
@@ -863,11 +1121,133 @@ class Rollout:
         return {"command": f"{self.options.mode} --rolling", "pattern": self.pattern, "profile": self.profile.name,
                 "batches": batch_rows, "planned_batches": batches, "hosts": hosts, "halted": halted,
                 "untouched": untouched, "failed": failed_hosts, "preflight": table,
+                "canary": state.get("canary") or None, "analysis": self.analysis,
                 "max_unavailable": self.max_unavailable, "max_unavailable_peak": self.capacity.peak,
                 "min_healthy_workers": watch.min_healthy, "router_samples": watch.samples,
                 "state_file": str(self.state_file) if self.state_file.exists() else None,
                 "seconds": round(time.monotonic() - started, 3),
                 "exit_code": 130 if (halted or {}).get("why") == "interrupted" else (1 if failed_hosts or halted else 0)}
+
+    # ------------------------------------------------------------ the canary
+
+    def _judge_canary(self, batch: list[str], baseline: list[str], docs: dict[str, dict[str, Any]],
+                      state: dict[str, Any], by_name: dict[str, Host], known: KnownHosts) -> dict[str, Any] | None:
+        """After the canary batch is back in routing: analyse, then continue (None), revert the
+        canary, or pause for a human; the halt to report otherwise."""
+        rules = self.profile.model.analysis
+        self.event("analysis", None, f"canary analysis: {', '.join(batch)} against the baseline {', '.join(baseline)} "
+                   f"for {self.window:g}s, read every {rules.interval:g}s")
+        self.analysis = analysis = canary_stage.analyse(
+            batch, baseline, self.worker_urls, rules, self.window, self.stop,
+            lambda hosts, since, until: self._decode_lines(hosts, since, until, known),
+            run_dir(self.options.state_dir, "canary"), lambda text: self.event("stage", ANALYSIS, text))
+        verdict = analysis["verdict"]
+        state["canary"] = {"hosts": batch, "baseline": baseline, "verdict": verdict, "reasons": analysis["reasons"],
+                           "run_dir": analysis["run_dir"], "decision": None}
+        if analysis["interrupted"]:  # the canary serves, unjudged: paused, for `rollout continue|abort`
+            state["paused"] = {"batch": 1, "canary": batch, "verdict": "none (interrupted during the analysis)",
+                               "since": time.time(), "run_dir": analysis["run_dir"], "controller": os.getpid()}
+            self._save_state(state)
+            return {"batch": 1, "why": "interrupted", "paused": True}
+        self._save_state(state)
+        self.on_verdict(analysis)
+        why = "; ".join(analysis["reasons"])
+        self.event("analysis", None, f"canary analysis: {verdict}" + (f" ({why})" if why else ""))
+        action = canary_stage.decide(verdict, self.options.analysis_mode, rules.inconclusive)
+        decision = None
+        if action == canary_stage.PAUSE:
+            decision = self._pause(state, analysis)
+            if decision is None:
+                return {"batch": 1, "why": "interrupted", "paused": True}
+            action = canary_stage.CONTINUE if decision["action"] == canary_stage.CONTINUE else canary_stage.REVERT
+            why = f"aborted by {describe_by(decision.get('by'))} after the canary analysis said {verdict}"
+        state["canary"]["decision"] = decision or {"action": action, "by": "the verdict", "at": time.time()}
+        self._save_state(state)
+        if action == canary_stage.CONTINUE:
+            self.event("analysis", None, f"canary analysis: {verdict}; the rollout goes on")
+            return None
+        if not decision:
+            why = f"the canary analysis said {verdict}: {why}"
+        self.revert_canary(batch, docs, why, state, by_name, known)
+        halted = {"batch": 1, "why": f"canary reverted: {why}", "canary": verdict}
+        self.event("halt", None, halted["why"])
+        return halted
+
+    def _decode_lines(self, hosts: list[str], since: float, until: float, known: KnownHosts) -> dict[str, list[metrics_stage.Decode]]:
+        """The window's decode log lines of hosts whose /metrics is off (the `metrics` stage's read;
+        a server group's are its rank 0's, as `sglfleet metrics` reads them)."""
+        leaders = {self.unit_by_name[n].leader.name: n for n in hosts}
+        group = Group([self.unit_by_name[n].leader for n in hosts], known, forks=len(hosts),
+                      host_key_policy=self.host_key_policy, inventory=self.inventory)
+        query = Query(profile=self.profile.name, since=since - 1, until=until + 1)
+        with group:
+            results = group.run(lambda conn: metrics_stage.collect(conn, query)[0], "decode lines")
+        return {leaders[name]: r.value for name, r in results.items() if r.ok}
+
+    def _pause(self, state: dict[str, Any], analysis: dict[str, Any]) -> dict[str, Any] | None:
+        """Wait for `sglfleet rollout continue|abort` (their decision file); None: interrupted
+        first, and the state stays paused for those commands to act on without this process."""
+        state["paused"] = {"batch": 1, "canary": analysis["canary"], "verdict": analysis["verdict"],
+                           "since": time.time(), "run_dir": analysis["run_dir"], "controller": os.getpid()}
+        self._save_state(state)
+        self.event("pause", None, f"canary analysis {analysis['verdict']}: paused. `sglfleet rollout continue` "
+                   "goes on with the other hosts, `sglfleet rollout abort` reverts the canary "
+                   f"(--runs-dir {self.options.state_dir}; state {self.state_file})")
+        while True:
+            decision = take_decision(self.state_file)
+            if decision is not None:
+                break
+            if self.stop.wait(0.2):
+                return None
+        state["paused"] = None
+        self._save_state(state)
+        self.event("pause", None, f"{decision['action']} from {describe_by(decision.get('by'))}")
+        return decision
+
+    def revert_canary(self, batch: list[str], docs: dict[str, dict[str, Any]], why: str, state: dict[str, Any],
+                      by_name: dict[str, Host], known: KnownHosts) -> None:
+        """Each canary host out of routing, back on what it served before, back in; the others
+        untouched. A revert under way finishes, Ctrl-C or not (its own stop event)."""
+        group = Group([by_name[n] for n in batch], known, forks=len(batch), host_key_policy=self.host_key_policy,
+                      inventory=self.inventory, stop=threading.Event())
+        with group:
+            results = group.run(lambda conn: _outcome(HostRoll(self, conn, 0).revert_canary(
+                docs.get(conn.host.name) or state["hosts"].get(conn.host.name) or {}, why)), "revert the canary")
+        for name, r in results.items():
+            doc = r.value if isinstance(r.value, dict) else {"ok": False, "outcome": "failed (canary not reverted)",
+                                                             "summary": r.error}
+            docs[name] = doc
+            self.event("host-done", name, f"{doc.get('outcome')}: {(doc.get('summary') or '').splitlines()[0]}"
+                       if doc.get("summary") else str(doc.get("outcome")))
+            state["hosts"][name] = _kept(doc)
+            state["done"] = sorted(set(state["done"]) - {name})
+        state["paused"] = None
+        self._save_state(state)
+
+    def abort(self) -> dict[str, Any]:
+        """`sglfleet rollout abort` when no controller waits: revert the paused canary from the
+        state file, the rest untouched."""
+        with ControllerLock(self.state_file):
+            state = self._load_state()
+            paused = state.get("paused")
+            if not paused:
+                raise ConfigError(f"nothing to abort: {self.state_file} is not a paused canary (a halted rollout "
+                                  "leaves its hosts as they are; `--continue` resumes it)")
+            batch = [n for n in paused.get("canary") or [] if n in {h.name for h in self.hosts}]
+            docs: dict[str, dict[str, Any]] = {}
+            why = (f"aborted by {describe_by(deploy_stage.holder(self.deploy_options.command))} after the canary "
+                   f"analysis said {paused.get('verdict')}")
+            self.revert_canary(batch, docs, why, state, {h.name: h for h in self.hosts},
+                               KnownHosts(self.inventory.known_hosts_path))
+            state["canary"] = dict(state.get("canary") or {}, decision={"action": "abort", "by": why, "at": time.time()})
+            state["halted"] = {"batch": 1, "why": f"canary reverted: {why}"}
+            self._save_state(state)
+        return {"command": "rollout abort", "state_file": str(self.state_file), "pattern": self.pattern,
+                "profile": self.profile.name, "why": why,
+                "hosts": {n: {"outcome": d.get("outcome"), "ok": bool((d.get("reverted") or {}).get("healthy")),
+                              "release": _release_now(d), "summary": d.get("summary"), "detail": d}
+                          for n, d in docs.items()},
+                "exit_code": 0 if all((d.get("reverted") or {}).get("healthy") for d in docs.values()) else 1}
 
     def _run_batch(self, k: int, batch: list[str], by_name: dict[str, Host], known: KnownHosts) -> Any:
         members = {u.name: u.hosts for u in self.units if u.name in batch}  # a unit's hosts, rank 0 first
@@ -878,8 +1258,25 @@ class Rollout:
                                    "rollout")
 
     def _host_task(self, conn: Any, k: int, conns: list[Any] | None = None) -> Any:
-        doc = HostRoll(self, conn, k, conns)()
-        return TaskOutcome(bool(doc.get("ok")), doc, None if doc.get("ok") else doc.get("summary"))
+        return _outcome(HostRoll(self, conn, k, conns)())
+
+
+ANALYSIS = "(analysis)"  # the progress line of the canary analysis
+
+
+def _kept(doc: dict[str, Any]) -> dict[str, Any]:
+    """What the state file keeps of a host's turn: its result, and what reverting it needs."""
+    return {k: doc.get(k) for k in ("outcome", "release", "deploy_id", "summary", "pushed", "running_before", "mode")}
+
+
+def _outcome(doc: dict[str, Any]) -> TaskOutcome:
+    return TaskOutcome(bool(doc.get("ok")), doc, None if doc.get("ok") else doc.get("summary"))
+
+
+def describe_by(by: Any) -> str:
+    if isinstance(by, dict):
+        return f"{by.get('user', '?')}@{by.get('controller', '?')}"
+    return str(by or "?")
 
 
 def unit_host(unit: units_stage.Unit) -> Host:
