@@ -30,7 +30,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "doctor": ("doctor",),
     "logs": ("logs", "metrics"),
     "lab": ("lab",),
-    "rollout": ("restart",),  # `restart --rolling` (stages.rollout)
+    "rollout": ("restart", "rollout"),  # `restart --rolling`, `rollout continue|abort|list` (stages.rollout)
 }
 _FAMILY_OF = {command: family for family, commands in FAMILIES.items() for command in commands}
 
