@@ -40,6 +40,7 @@ from orchestrator.lab.loadgen import LoadGenerator  # noqa: E402
 from orchestrator.lab.manager import Lab  # noqa: E402
 from orchestrator.lab.router import LabRouter, missing_reason  # noqa: E402
 from orchestrator.stages import canary  # noqa: E402
+from rolling import bench_lab  # noqa: E402  (bench/, sys.path[0] when this file runs)
 
 PROFILE = """name: bench-canary
 description: canary analysis benchmark (lab stand-in servers, DFLASH)
@@ -103,6 +104,18 @@ def parse_cost(text: str, rounds: int = 300) -> dict[str, Any]:
     return {"bytes": len(text), "lines": text.count("\n"), "cpu_ms_per_read": round(per * 1000, 3)}
 
 
+def gap(doc: dict[str, Any]) -> float | None:
+    """Seconds from the first batch back in routing to the second batch's first host out, on the
+    rollout's own clock: where the analysis sits, apart from the servers' starts (which a loaded
+    machine stretches by tens of seconds from run to run)."""
+    batches, hosts = doc.get("batches") or [], doc.get("hosts") or {}
+    if len(batches) < 2:
+        return None
+    back = max(hosts[h]["times"]["back_at_s"] for h in batches[0]["hosts"])
+    out = min(hosts[h]["times"]["out_at_s"] for h in batches[1]["hosts"])
+    return round(out - back, 3)
+
+
 def med(values: list[float]) -> float:
     return round(statistics.median(values), 3) if values else float("nan")
 
@@ -124,10 +137,7 @@ def main() -> int:
     if reason:
         print(reason, file=sys.stderr)
         return 2
-    work = Path(args.lab_dir + "-work")
-    work.mkdir(parents=True, exist_ok=True)
-    lab = Lab(state_dir=Path(args.lab_dir), inventory_path=work / "lab.yaml", subnet=args.subnet)
-    router = LabRouter(lab.state_dir, lab.subnet)
+    lab, router, work = bench_lab(args.lab_dir, args.subnet)
     try:
         return run(args, lab, router, work)
     finally:
@@ -171,8 +181,10 @@ def run(args: argparse.Namespace, lab: Lab, router: LabRouter, work: Path) -> in
                     print(json.dumps((r["doc"] or {}).get("halted")), r["stderr"], file=sys.stderr)
                     return 1
                 runs[kind].append({k: r[k] for k in ("wall_s", "cpu_s")} | {
-                    "analysis_s": analysis.get("seconds"), "analysis_cpu_s": analysis.get("cpu_s"),
-                    "reads": analysis.get("reads"), "verdict": analysis.get("verdict"), "load": os.getloadavg()[0]})
+                    "gap_s": gap(r["doc"]), "analysis_s": analysis.get("seconds"),
+                    "analysis_cpu_s": analysis.get("cpu_s"), "charts_s": analysis.get("charts_s"),
+                    "charts_cpu_s": analysis.get("charts_cpu_s"), "reads": analysis.get("reads"),
+                    "verdict": analysis.get("verdict"), "load": os.getloadavg()[0]})
     finally:
         load.stop()
     served = load.wait().summary()
@@ -185,6 +197,8 @@ def run(args: argparse.Namespace, lab: Lab, router: LabRouter, work: Path) -> in
         "rollout_wall_s": {"plain": med([r["wall_s"] for r in plain]), "canary": med([r["wall_s"] for r in withc])},
         "rollout_cpu_s": {"plain": med([r["cpu_s"] for r in plain]), "canary": med([r["cpu_s"] for r in withc])},
         "added_wall_s": med(added_wall), "added_cpu_s": med(added_cpu),
+        "gap_s": {"plain": med([r["gap_s"] for r in plain]), "canary": med([r["gap_s"] for r in withc])},
+        "charts_s": med([r["charts_s"] for r in withc]), "charts_cpu_s": med([r["charts_cpu_s"] for r in withc]),
         "analysis_s": med([r["analysis_s"] for r in withc]), "analysis_cpu_s": med([r["analysis_cpu_s"] for r in withc]),
         "reads_per_analysis": med([r["reads"] for r in withc]), "per_read": costs, "load": served, "runs": runs}
     out = ROOT / "runs" / f"bench-canary-{time.strftime('%Y%m%dT%H%M%S')}.json"
@@ -194,12 +208,16 @@ def run(args: argparse.Namespace, lab: Lab, router: LabRouter, work: Path) -> in
           f"read every {args.interval:g}s, {args.rate:g} req/s through the router ({served['failed']} of "
           f"{served['requests']} failed)")
     print(f"rollout wall  plain {result['rollout_wall_s']['plain']:.1f}s  canary {result['rollout_wall_s']['canary']:.1f}s"
-          f"  added (median of pairs) {result['added_wall_s']:.1f}s = window {args.window:g}s + "
-          f"{result['added_wall_s'] - args.window:.1f}s")
+          f"  added (median of pairs) {result['added_wall_s']:.1f}s (whole rollouts: the servers' starts on a shared "
+          "machine move them by tens of seconds; the gap below is the analysis' own place)")
+    print(f"between the first batch back in routing and the second out (the rollout's own clock): plain "
+          f"{result['gap_s']['plain']:.2f}s, canary {result['gap_s']['canary']:.2f}s: the analysis adds "
+          f"{result['gap_s']['canary'] - result['gap_s']['plain']:.2f}s for a {args.window:g}s window")
     print(f"controller CPU plain {result['rollout_cpu_s']['plain']:.2f}s  canary {result['rollout_cpu_s']['canary']:.2f}s"
           f"  added (median of pairs) {result['added_cpu_s']:.2f}s")
     print(f"the analysis as the rollout timed it: {result['analysis_s']:.1f}s wall, {result['analysis_cpu_s']:.2f}s CPU "
-          f"(the whole process meanwhile, its router watch included), {result['reads_per_analysis']:.0f} reads")
+          f"(the whole process meanwhile, its router watch included), {result['reads_per_analysis']:.0f} reads; "
+          f"of which the two charts {result['charts_s']:.2f}s wall, {result['charts_cpu_s']:.2f}s CPU")
     for name, c in costs.items():
         print(f"one /metrics read parsed, {name} text ({c['lines']} lines, {c['bytes']} bytes): "
               f"{c['cpu_ms_per_read']:.3f} ms CPU")
