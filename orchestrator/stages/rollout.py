@@ -791,6 +791,7 @@ class Rollout:
         if self.canary_entry is not None:
             self.window = self.check_analysis()
             self.samples_possible(batch_size(self.canary_entry, len(self.hosts)))
+            self.check_canary_units(plan_batches([h.name for h in self.hosts], self.serial)[0])
         elif options.analysis_window is not None or options.analysis_mode != "auto":
             raise ConfigError("--analysis-window and --analysis are for --canary only; add --canary N or leave them "
                               "out (nothing was done)")
