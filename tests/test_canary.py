@@ -346,9 +346,10 @@ def test_a_window_too_short_for_the_samples_or_the_interval_is_refused(tmp_path)
         run.check_analysis()
 
 
-def test_a_server_group_in_the_canary_batch_is_refused_before_anything_is_done(tmp_path):
-    """A multi-node profile's units are all server groups; a judged group cannot be reverted host
-    by host, so --canary refuses it up front (exit 2) instead of reverting rank 0 alone."""
+def test_a_server_group_is_one_canary_and_the_state_keeps_each_ranks_revert(tmp_path):
+    """A multi-node profile's units are all server groups: --canary 1 takes the first group whole,
+    and the state file keeps what reverting each of its ranks needs (for `rollout abort` without
+    the controller). tests/test_server_group_lab.py reverts such a canary on the lab."""
     from orchestrator.fleet.inventory import load_inventory
     from orchestrator.stages import rollout
 
@@ -357,13 +358,11 @@ def test_a_server_group_in_the_canary_batch_is_refused_before_anything_is_done(t
     (tmp_path / "inv.yaml").write_text(TWO_GROUPS.split("    solo:")[0])
     (tmp_path / "big.yaml").write_text("name: big\nmodel: {path: /root/models/Qwen3-8B}\nserver:\n  port: 30000\n"
                                        "  nodes: 2\n  tp: 16\n  dist_init_port: 20000\n")
-    inventory, profile = load_inventory(str(tmp_path / "inv.yaml")), load_profile(str(tmp_path / "big.yaml"))
-
-    def rolling(**canary):
-        return rollout.Rollout(inventory, "all", profile, None, rollout.RolloutOptions(
-            mode="restart", serial=[1], no_router=True, state_dir=tmp_path, **canary))
-
-    assert [h.name for h in rolling().hosts] == ["llama-a", "llama-b"]  # without --canary: two units
-    with pytest.raises(ConfigError, match=r"--canary 1 takes the server group\(s\) llama-a into the canary batch") as e:
-        rolling(canary="1", analysis_window=60.0)
-    assert e.value.exit_code == 2
+    run = rollout.Rollout(load_inventory(str(tmp_path / "inv.yaml")), "all", load_profile(str(tmp_path / "big.yaml")),
+                          None, rollout.RolloutOptions(mode="restart", serial=[1], no_router=True, state_dir=tmp_path,
+                                                       canary="1", analysis_window=60.0))
+    assert rollout.plan_batches([h.name for h in run.hosts], run.serial) == [["llama-a"], ["llama-b"]]
+    rank = {"pushed": {"release": "r2"}, "running_before": {"release": "r1", "pid": 7}, "mode": "supervisor"}
+    kept = rollout._kept({"outcome": "deployed", "ranks": {"a0": dict(rank, summary="x"), "a1": rank}})
+    assert kept["ranks"] == {"a0": rank, "a1": rank} and kept["outcome"] == "deployed"
+    assert "ranks" not in rollout._kept({"outcome": "deployed", "pushed": None})

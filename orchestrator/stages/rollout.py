@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError, SglfleetError
-from ..fleet.group import Group, TaskOutcome
+from ..fleet.group import Group, TaskOutcome, in_this_run
 from ..fleet.hostkeys import KnownHosts
 from ..fleet.inventory import Host, Inventory
 from ..fleet.router import (RouterClient, RouterError, normalize_url, worker_healthy, worker_in_flight)
@@ -676,9 +676,22 @@ class HostRoll:
         """ADAPTER (until stages.deploy can revert a recorded deployment itself): the host, out of
         routing, goes back to the deployment before `doc`'s with HostDeploy's own revert (lease,
         release rollback, server revert, health, record). `doc` needs only what a state file
-        keeps: pushed, running_before, mode."""
-        again = deploy_stage.HostDeploy(self.conn, self.run.profile, self.run.artifacts, self.run.inventory.path,
-                                        self.run.deploy_options, self.stage)
+        keeps: pushed, running_before, mode (a server group's: each rank's, under ranks)."""
+        if self.unit is not None and self.unit.is_group:
+            return self._revert_group(doc, why, phase)
+        again = self._revert_one(self.conn, doc, why, phase)
+        out = dict(doc, ok=False, phase=phase, reverted=again.get("reverted"),
+                   rolled_back=again.get("rolled_back"), summary=f"{self.name}: {again.get('summary') or why}")
+        out["outcome"] = "failed, reverted" if (again.get("reverted") or {}).get("healthy") else \
+            "failed (out of routing)"
+        return out
+
+    def _revert_one(self, conn: Any, doc: dict[str, Any], why: str, phase: str, placement: Any = None,
+                    sync: Any = None, note: Callable[[str], None] | None = None) -> dict[str, Any]:
+        """One host (or rank: `placement`, meeting the others in `sync`) back on what it served
+        before `doc`'s deployment; the revert's own document."""
+        again = deploy_stage.HostDeploy(conn, self.run.profile, self.run.artifacts, self.run.inventory.path,
+                                        self.run.deploy_options, note or self.stage, placement=placement, group=sync)
         try:
             again._plan()  # takes the deploy lease
             failed = health_stage.HealthResult(ok=False, failed={"stage": phase, "message": why})
@@ -692,10 +705,37 @@ class HostRoll:
                     again.server("unlease")
                 except SglfleetError:
                     pass
-        out = dict(doc, ok=False, phase=phase, reverted=again.doc.get("reverted"),
-                   rolled_back=again.doc.get("rolled_back"), summary=f"{self.name}: {again.doc.get('summary') or why}")
-        out["outcome"] = "failed, reverted" if (again.doc.get("reverted") or {}).get("healthy") else \
-            "failed (out of routing)"
+            if sync is not None:  # a rank that ended before its revert turn lets the others go on
+                sync.ended(conn.host.name, again.doc)
+        return again.doc
+
+    def _revert_group(self, doc: dict[str, Any], why: str, phase: str) -> dict[str, Any]:
+        """Every rank of a server group back on the group's deployment before `doc`'s, as the
+        group's deploy reverts after a failed launch: one HostDeploy per rank at once, meeting in
+        a GroupSync (rank 0 reverts first: it hosts the rendezvous the others join)."""
+        sync = groups_stage.GroupSync(self.unit.names, deploy_stage.new_deploy_id())
+        ranks = doc.get("ranks") or {}
+        reverts: dict[str, dict[str, Any]] = {}
+
+        def one(conn: Any) -> None:
+            name = conn.host.name
+            place = self.unit.placements[name]
+            reverts[name] = self._revert_one(conn, ranks.get(name) or {}, why, phase, place, sync,
+                                             lambda text: self.stage(f"{name}/{place.rank}: {text}"))
+
+        threads = [threading.Thread(target=in_this_run(one), args=(conn,), daemon=True) for conn in self.conns]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        each = {n: reverts.get(n) or {} for n in self.unit.names}
+        healthy = all((d.get("reverted") or {}).get("healthy") for d in each.values())
+        lead = each[self.unit.names[0]].get("reverted") or {}
+        out = dict(doc, ok=False, phase=phase, reverted=dict(lead, healthy=healthy,
+                                                             ranks={n: d.get("reverted") for n, d in each.items()}),
+                   summary=f"{self.name}: " + "; ".join(f"{n} (rank {self.unit.placements[n].rank}): "
+                                                        f"{d.get('summary') or why}" for n, d in each.items()))
+        out["outcome"] = "failed, reverted" if healthy else "failed (out of routing)"
         return out
 
     def __call__(self) -> dict[str, Any]:
@@ -791,7 +831,6 @@ class Rollout:
         if self.canary_entry is not None:
             self.window = self.check_analysis()
             self.samples_possible(batch_size(self.canary_entry, len(self.hosts)))
-            self.check_canary_units(plan_batches([h.name for h in self.hosts], self.serial)[0])
         elif options.analysis_window is not None or options.analysis_mode != "auto":
             raise ConfigError("--analysis-window and --analysis are for --canary only; add --canary N or leave them "
                               "out (nothing was done)")
@@ -843,18 +882,6 @@ class Rollout:
                               f"profile's analysis.min_samples {rules.min_samples} ({self.profile.path}): every "
                               "verdict would be inconclusive. Lengthen --analysis-window or analysis.window, or "
                               "shorten analysis.interval. Nothing was done.")
-
-    def check_canary_units(self, canary: list[str]) -> None:
-        """A server group in the canary batch is refused (before any host is touched): reverting a
-        judged group needs every rank reverted together, rank 0 first, which only GroupDeploy's
-        own failure path does today; a group in the baseline or a later batch is fine (the
-        analysis reads its rank 0's /metrics, as routing sees it)."""
-        groups = [n for n in canary if self.unit_by_name[n].is_group]
-        if groups:
-            raise ConfigError(f"--canary {self.canary_entry} takes the server group(s) {', '.join(groups)} into the "
-                              "canary batch, and a canary that fails is reverted host by host, which a group cannot "
-                              "be: order the inventory (or the pattern) so single hosts come first, or roll the "
-                              "groups without --canary. Nothing was done.")
 
     def clock(self) -> float:
         """Seconds since run() began: the hosts' times on one timeline (out_at_s, back_at_s)."""
@@ -1019,7 +1046,6 @@ class Rollout:
         self.check_outage(table, batches)
         baseline: list[str] = []
         if canary_on and batches:
-            self.check_canary_units(batches[0])
             up = {r["host"] for r in table if r["up"]}
             baseline = [n for n in todo if n not in batches[0] and n in up]
             if not baseline:
@@ -1088,7 +1114,7 @@ class Rollout:
                               f"{self.options.max_fail_percentage:g})", "failed": failed}
                     self.event("halt", None, halted["why"])
                 elif canary_on and k == 0:
-                    halted = self._judge_canary(batch, baseline, docs, state, by_name, known)
+                    halted = self._judge_canary(batch, baseline, docs, state, known)
                     batch_rows[-1]["seconds"] = round(time.monotonic() - b_started, 3)
                 if halted:
                     self.halting.set()
@@ -1132,7 +1158,7 @@ class Rollout:
     # ------------------------------------------------------------ the canary
 
     def _judge_canary(self, batch: list[str], baseline: list[str], docs: dict[str, dict[str, Any]],
-                      state: dict[str, Any], by_name: dict[str, Host], known: KnownHosts) -> dict[str, Any] | None:
+                      state: dict[str, Any], known: KnownHosts) -> dict[str, Any] | None:
         """After the canary batch is back in routing: analyse, then continue (None), revert the
         canary, or pause for a human; the halt to report otherwise."""
         rules = self.profile.model.analysis
@@ -1169,7 +1195,7 @@ class Rollout:
             return None
         if not decision:
             why = f"the canary analysis said {verdict}: {why}"
-        self.revert_canary(batch, docs, why, state, by_name, known)
+        self.revert_canary(batch, docs, why, state, known)
         halted = {"batch": 1, "why": f"canary reverted: {why}", "canary": verdict}
         self.event("halt", None, halted["why"])
         return halted
@@ -1206,14 +1232,19 @@ class Rollout:
         return decision
 
     def revert_canary(self, batch: list[str], docs: dict[str, dict[str, Any]], why: str, state: dict[str, Any],
-                      by_name: dict[str, Host], known: KnownHosts) -> None:
+                      known: KnownHosts) -> None:
         """Each canary host out of routing, back on what it served before, back in; the others
         untouched. A revert under way finishes, Ctrl-C or not (its own stop event)."""
-        group = Group([by_name[n] for n in batch], known, forks=len(batch), host_key_policy=self.host_key_policy,
-                      inventory=self.inventory, stop=threading.Event())
+        members = {n: self.unit_by_name[n].hosts for n in batch}  # a server group's ranks, rank 0 first
+
+        def revert(conns: list[Any]) -> TaskOutcome:
+            roll = HostRoll(self, conns[0], 0, conns)
+            return _outcome(roll.revert_canary(docs.get(roll.name) or state["hosts"].get(roll.name) or {}, why))
+
+        group = Group([h for n in batch for h in members[n]], known, forks=len(batch),
+                      host_key_policy=self.host_key_policy, inventory=self.inventory, stop=threading.Event())
         with group:
-            results = group.run(lambda conn: _outcome(HostRoll(self, conn, 0).revert_canary(
-                docs.get(conn.host.name) or state["hosts"].get(conn.host.name) or {}, why)), "revert the canary")
+            results = group.run_units(members, revert, "revert the canary")
         for name, r in results.items():
             doc = r.value if isinstance(r.value, dict) else {"ok": False, "outcome": "failed (canary not reverted)",
                                                              "summary": r.error}
@@ -1238,8 +1269,7 @@ class Rollout:
             docs: dict[str, dict[str, Any]] = {}
             why = (f"aborted by {describe_by(deploy_stage.holder(self.deploy_options.command))} after the canary "
                    f"analysis said {paused.get('verdict')}")
-            self.revert_canary(batch, docs, why, state, {h.name: h for h in self.hosts},
-                               KnownHosts(self.inventory.known_hosts_path))
+            self.revert_canary(batch, docs, why, state, KnownHosts(self.inventory.known_hosts_path))
             state["canary"] = dict(state.get("canary") or {}, decision={"action": "abort", "by": why, "at": time.time()})
             state["halted"] = {"batch": 1, "why": f"canary reverted: {why}"}
             self._save_state(state)
@@ -1266,8 +1296,13 @@ ANALYSIS = "(analysis)"  # the progress line of the canary analysis
 
 
 def _kept(doc: dict[str, Any]) -> dict[str, Any]:
-    """What the state file keeps of a host's turn: its result, and what reverting it needs."""
-    return {k: doc.get(k) for k in ("outcome", "release", "deploy_id", "summary", "pushed", "running_before", "mode")}
+    """What the state file keeps of a host's turn: its result, and what reverting it needs (a
+    server group's: each rank's)."""
+    kept = {k: doc.get(k) for k in ("outcome", "release", "deploy_id", "summary", "pushed", "running_before", "mode")}
+    if doc.get("ranks"):
+        kept["ranks"] = {n: {k: (d or {}).get(k) for k in ("pushed", "running_before", "mode")}
+                         for n, d in doc["ranks"].items()}
+    return kept
 
 
 def _outcome(doc: dict[str, Any]) -> TaskOutcome:
