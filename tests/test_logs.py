@@ -509,7 +509,8 @@ def test_follow_four_hosts_within_two_seconds_through_an_sshd_restart(lab, inven
                 stdin=line(time.time(), f"{host} before"))
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", ",".join(hosts), "follow", "-f",
                              "--no-color", "-i", str(lab.inventory_path), "--runs-dir", str(tmp_path / "runs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=fenced_env(), cwd=ROOT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
+                            env=fenced_env({"PYTHONFAULTHANDLER": "1"}))  # SIGABRT dumps its threads
     seen: list[tuple[float, str]] = []
     errors: list[str] = []
     readers = [threading.Thread(target=lambda: [seen.append((time.monotonic(), x.rstrip("\n"))) for x in proc.stdout],
@@ -566,9 +567,13 @@ def test_follow_four_hosts_within_two_seconds_through_an_sshd_restart(lab, inven
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        except subprocess.TimeoutExpired:  # hung: its threads' stacks (faulthandler) go in the failure
+            proc.send_signal(signal.SIGABRT)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         exited = time.monotonic() - interrupted
         for reader in readers:  # all of its output, not what the readers had got to
             reader.join(10)
