@@ -510,7 +510,10 @@ def test_follow_four_hosts_within_two_seconds_through_an_sshd_restart(lab, inven
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", ",".join(hosts), "follow", "-f",
                              "--no-color", "-i", str(lab.inventory_path), "--runs-dir", str(tmp_path / "runs")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, text=True,
-                            env=fenced_env({"PYTHONFAULTHANDLER": "1"}))  # SIGABRT dumps its threads
+                            env=fenced_env({"PYTHONFAULTHANDLER": "1"}),  # SIGABRT dumps its threads
+                            # Ctrl-C at a terminal: a suite started in the background by a script
+                            # (`cmd &`) ignores SIGINT, and the CLI would inherit that and never stop.
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: list[tuple[float, str]] = []
     errors: list[str] = []
     readers = [threading.Thread(target=lambda: [seen.append((time.monotonic(), x.rstrip("\n"))) for x in proc.stdout],
