@@ -5,7 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SGLFLEET := $(VENV)/bin/sglfleet
 PYTHON ?= python3
-PYTEST_ARGS ?= --durations=15
+# 4 pytest-xdist workers, whole modules each (a module's lab and fixtures stay in one process),
+# longest module first (tests/durations.json): the suite mostly waits on lab hosts, so 4 workers
+# overlap that waiting on CI's 2 cores. Each worker has a lab subnet of its own (tests/conftest.py).
+PYTEST_ARGS ?= -n 4 --dist loadfile --durations=15
 # The hard safety rule: nothing run from here may leave 127.0.0.0/8.
 export SGLFLEET_LOOPBACK_ONLY := 1
 

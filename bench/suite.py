@@ -19,7 +19,8 @@ per module: tests, setup s, call s, teardown s. --by-process adds where the CPU 
 processes are sampled every 0.2 s (the cgroup's list) and their CPU summed by kind (KINDS: an
 SGLang import on a lab host, the CLI, sshd, ...); a process that ends between two samples loses
 at most 0.2 s of its CPU, one that lives less than 0.2 s is missed. --json prints the same as
-JSON. Needs root (cgroups, the jail); it changes nothing outside its own cgroup.
+JSON. --write-durations tests/durations.json keeps each module's seconds for the longest-first
+order of `make test`'s workers (tests/conftest.py); --log PATH keeps pytest's whole output. Needs root (cgroups, the jail); it changes nothing outside its own cgroup.
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ def run_once(pytest_args: list[str], label: str, by_process: bool = False) -> di
             "modules": {name: {"tests": len(m["tests"]), **{k: round(m[k], 1) for k in ("setup", "call", "teardown")}}
                         for name, m in sorted(modules.items())},
             "by_process": sampler.by_kind() if sampler is not None else None,
-            "failures": proc.stdout[-4000:] if proc.returncode not in (0, 5) else None}
+            "failures": proc.stdout[-4000:] if proc.returncode not in (0, 5) else None,
+            "output": proc.stdout + proc.stderr}
 
 
 def main() -> int:
@@ -217,6 +219,10 @@ def main() -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--by-process", action="store_true", help="also sum the CPU by kind of process")
+    parser.add_argument("--write-durations", metavar="PATH",
+                        help="write each module's seconds (setup + call + teardown) of the last run as JSON, "
+                             "e.g. tests/durations.json, which orders a pytest-xdist run longest module first")
+    parser.add_argument("--log", metavar="PATH", help="write pytest's whole output of the last run there")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -228,7 +234,7 @@ def main() -> int:
         result = run_once(pytest_args, args.label, args.by_process)
         runs.append(result)
         if args.json:
-            print(json.dumps(result))
+            print(json.dumps({k: v for k, v in result.items() if k != "output"}))
             continue
         print(f"{args.label or ' '.join(pytest_args)}: exit {result['exit']}  wall {result['wall_s']} s  "
               f"CPU {result['cpu_s']} s ({result['cpu_per_wall']} cores)  peak {result['peak_mib']} MiB  "
@@ -240,6 +246,13 @@ def main() -> int:
             print(f"  CPU {figures['cpu_s']:7.1f} s  {figures['processes']:5} processes  {kind}")
         if result["failures"]:
             print(result["failures"])
+    if args.log:
+        Path(args.log).write_text(runs[-1]["output"])
+    if args.write_durations and runs[-1]["modules"]:
+        seconds = {Path(name).name: round(m["setup"] + m["call"] + m["teardown"], 1)
+                   for name, m in runs[-1]["modules"].items()}
+        Path(args.write_durations).write_text(json.dumps(dict(sorted(seconds.items())), indent=1) + "\n")
+        print(f"module durations of the last run: {args.write_durations} ({len(seconds)} modules)")
     return max(r["exit"] for r in runs) if any(r["exit"] not in (0, 5) for r in runs) else 0
 
 

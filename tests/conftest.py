@@ -60,6 +60,8 @@ def worker_subnet(base: str, worker: str) -> str:
 
 TEST_SUBNET = worker_subnet(os.environ.get("SGLFLEET_TEST_SUBNET", "127.0.2"), XDIST_WORKER)  # side by side: pick another
 TEST_HOSTS = 8  # the smoke test fans out to 8 hosts
+# Module -> seconds it took in a recent whole run (bench/suite.py --write-durations writes it).
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
 
 
 def spare_subnet() -> str:
@@ -116,6 +118,9 @@ def _no_fence_hits(network_fence):
 def fenced_env(extra: dict | None = None) -> dict[str, str]:
     """os.environ for a Python subprocess of a test: guard on and the network fence installed."""
     env = {**os.environ, "SGLFLEET_LOOPBACK_ONLY": "1"}
+    # pytest-xdist's workers inherit COLUMNS=80 from their terminal setup: the CLI (cli/output.py)
+    # would size its tables to it and wrap the words a test looks for. Off a terminal it uses 160.
+    env.pop("COLUMNS", None)
     if _fence_log is not None:
         env["SGLFLEET_TEST_FENCE_LOG"] = str(_fence_log)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FENCE_SITE), os.environ.get("PYTHONPATH")) if p)
@@ -158,10 +163,20 @@ def pytest_configure(config):
     import tempfile
 
     os.environ["SGLFLEET_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="sglfleet-test-kernel-cache-")
+    if getattr(config.option, "loadscopereorder", None) and DURATIONS.is_file():  # see longest_first
+        config.option.loadscopereorder = False
 
 
 def pytest_addoption(parser):
     parser.addoption("--skip-slow", action="store_true", help="skip tests marked slow (CI runs them)")
+
+
+def longest_first(items: list, seconds: dict[str, float]) -> list:
+    """`items` with the modules that took longest first, each module's own order kept. A module
+    not in `seconds` (new since the file was written) counts as the longest: an unknown module
+    started last could be the run's tail."""
+    unknown = max(seconds.values(), default=0.0) + 1.0
+    return sorted(items, key=lambda item: -seconds.get(item.path.name, unknown))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -170,6 +185,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip)
+    # Under pytest-xdist with --dist loadfile each worker takes whole modules in the workers'
+    # collection order (pytest_configure turns xdist's own reorder, by test count, off: a module
+    # of 3 lab tests can take longer than one of 300 unit tests). Started longest first, the run
+    # does not end waiting on one long module begun last.
+    if XDIST_WORKER and DURATIONS.is_file():
+        import json
+
+        items[:] = longest_first(items, json.loads(DURATIONS.read_text()))
 
 
 def lab_prerequisites_missing() -> str | None:
