@@ -84,18 +84,24 @@ class ProcessSampler:
                 key = (pid, int(fields[19]))
                 if key not in self.seen:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    self.seen[key] = [classify(cmdline), 0]
+                    self.seen[key] = [classify(cmdline), 0, cmdline[:160]]
                 self.seen[key][1] = int(fields[11]) + int(fields[12])
             except (OSError, ValueError, IndexError):
                 continue
 
     def by_kind(self) -> dict[str, dict]:
+        """CPU and processes per kind; for a kind KINDS does not name ("other: ..."), its three
+        costliest command lines too, to say what to name next."""
         out: dict[str, dict] = {}
-        for kind, ticks in self.seen.values():
-            entry = out.setdefault(kind, {"processes": 0, "cpu_s": 0.0})
+        for kind, ticks, cmdline in self.seen.values():
+            entry = out.setdefault(kind, {"processes": 0, "cpu_s": 0.0, "by_cmdline": defaultdict(float)})
             entry["processes"] += 1
             entry["cpu_s"] += ticks / TICK
-        return {k: {"processes": v["processes"], "cpu_s": round(v["cpu_s"], 1)}
+            entry["by_cmdline"][cmdline] += ticks / TICK
+        return {k: {"processes": v["processes"], "cpu_s": round(v["cpu_s"], 1),
+                    **({"costliest": [[c, round(cpu, 1)] for c, cpu in sorted(v["by_cmdline"].items(),
+                                                                              key=lambda x: -x[1])[:3]]}
+                       if k.startswith("other") else {})}
                 for k, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_s"])}
 
 
@@ -244,6 +250,8 @@ def main() -> int:
                   f"teardown {m['teardown']:6.1f}")
         for kind, figures in (result["by_process"] or {}).items():
             print(f"  CPU {figures['cpu_s']:7.1f} s  {figures['processes']:5} processes  {kind}")
+            for cmdline, cpu in figures.get("costliest", []):
+                print(f"      {cpu:7.1f} s  {cmdline}")
         if result["failures"]:
             print(result["failures"])
     if args.log:
