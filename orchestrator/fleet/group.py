@@ -20,7 +20,8 @@ from __future__ import annotations
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -122,6 +123,22 @@ class GroupResult(dict[str, HostResult]):
         return 0 if not self.failed else 1
 
 
+# How often the main thread wakes while it waits for the hosts (see `awaited`).
+SIGNAL_CHECK_S = 0.2
+
+
+def awaited(future: Future) -> Any:
+    """A host's result, waited for in short naps. Python runs a signal handler in the main thread
+    only when that thread wakes: a Ctrl-C the kernel hands to a host's thread (or one that does
+    not interrupt the main thread's wait) would otherwise wait for the host's whole step, and a
+    step that Ctrl-C should have stopped (a launch after the smoke) would start."""
+    while True:
+        try:
+            return future.result(timeout=SIGNAL_CHECK_S)
+        except FutureTimeout:
+            continue
+
+
 @dataclass
 class Group:
     """The hosts of one command run and their connections."""
@@ -196,7 +213,7 @@ class Group:
         with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(self.hosts)))) as pool:
             futures = {h.name: pool.submit(self._one, h, task, label) for h in self.hosts}
             for name in (h.name for h in self.hosts):
-                results[name] = futures[name].result()
+                results[name] = awaited(futures[name])
         results.interrupted = self.stop.is_set()
         return results
 
@@ -227,7 +244,7 @@ class Group:
         with ThreadPoolExecutor(max_workers=min(self.forks, max(1, len(units)))) as pool:
             futures = {name: pool.submit(one, name, hosts) for name, hosts in units.items()}
             for name in units:
-                results[name] = futures[name].result()
+                results[name] = awaited(futures[name])
         results.interrupted = self.stop.is_set()
         return results
 

@@ -275,7 +275,10 @@ class Lab:
             ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
              sys.executable, str(HOSTINIT), str(hdir / "init.json")],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if self.cgroup else None)
+            # in /, as an init starts: `in_host` (nsenter -w) runs knobs in init's directory, and the
+            # caller's may not exist in the host (a checkout under /tmp: the host's /tmp is its own,
+            # and pyenv's python3 shim refused to start there, failing test_doctor's listener in CI)
+            cwd="/", preexec_fn=(lambda: procs.write_text(str(os.getpid()))) if self.cgroup else None)
         log.close()
         return LabHost(name=name, address=address, port=22, unshare_pid=proc.pid, gpu=gpu)
 
