@@ -34,9 +34,7 @@ def from_sglang(traceback: str) -> list[str]:
 
 
 def smoke_json(lab, tmp_path, *args):
-    proc = sglfleet("smoke", *args, "-i", str(lab.inventory_path), "--json", "--runs-dir", str(tmp_path / "runs"))
-    assert proc.stdout, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    return smoke_json_env(lab, tmp_path, None, *args)
 
 
 def test_seed_story_hybrid_flags_left_out_then_rendered(lab, inventory, tmp_path):
@@ -103,6 +101,41 @@ def test_smoke_on_8_hosts_one_missing_model_fails_alone(lab, inventory, tmp_path
         if name != broken:
             assert host["ok"] and host["probe"]["fields"]["speculative_algorithm"] == "DFLASH", name
     assert sorted(p.name for p in Path(doc["run_dir"]).glob("*.json")) == sorted(f"{h}.json" for h in doc["hosts"])
+
+
+def test_a_host_new_to_an_sglang_takes_its_option_list_from_the_controller(lab, inventory, tmp_path):
+    """Listing SGLang's options imports it (seconds of the host's CPU): a host whose own cache
+    lacks the list is answered from the controller's, and the smoke probe (SGLang imported anyway)
+    leaves the list in the host's cache for the next plan."""
+    cache = "/var/lib/sglfleet/cache"
+    own = {"XDG_CACHE_HOME": str(tmp_path / "controller-cache")}  # this test's controller cache, empty
+    with Connection(inventory.hosts["ct133"], KnownHosts(inventory.known_hosts_path)) as conn:
+        assert conn.run(f"rm -f {cache}/options-v2-*.json").ok
+        code, first = smoke_json_env(lab, tmp_path, own, "ct133", "qwen3-8b-dflash")
+        assert code == 0, first["hosts"]["ct133"].get("summary")
+        options = first["hosts"]["ct133"]["render"]["options"]
+        assert options["from"] == "listed" and len(options["fingerprint"]) == 24  # neither cache had it
+        stored = tmp_path / "controller-cache" / "sglfleet" / "sglang-options" / f"{options['fingerprint']}.json"
+        assert "--speculative-algorithm" in json.loads(stored.read_text())["options"]
+
+        assert conn.run(f"rm -f {cache}/options-v2-*.json").ok  # the host forgets; the controller knows
+        code, second = smoke_json_env(lab, tmp_path, own, "ct133", "qwen3-8b-dflash")
+        assert code == 0, second["hosts"]["ct133"].get("summary")
+        assert second["hosts"]["ct133"]["render"]["options"] == {"fingerprint": options["fingerprint"],
+                                                                 "from": "controller"}
+        # the render checked its flags against that list, and the probe left the same list in the
+        # host's cache (the next plan reads it there), sent to the controller, not stored in runs/
+        kept = conn.run(f"cat {cache}/options-v2-{options['fingerprint']}.json")
+        assert kept.ok and json.loads(kept.stdout_text) == json.loads(stored.read_text())
+        assert "options_listed" not in second["hosts"]["ct133"]["probe"]
+        assert second["hosts"]["ct133"]["probe"]["timings"]["options_s"] < 5
+
+
+def smoke_json_env(lab, tmp_path, env, *args):
+    proc = sglfleet("smoke", *args, "-i", str(lab.inventory_path), "--json", "--runs-dir", str(tmp_path / "runs"),
+                    env=env)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
 
 
 def test_local_preflight_runs_the_same_probe_without_a_host(lab, tmp_path):

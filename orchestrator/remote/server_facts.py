@@ -1,11 +1,13 @@
 """Remote side of the server facts a render needs, in one process: SGLang's version, the option
 strings its launch argparse accepts, the target model's and the draft's config.json, the GPUs.
 
-Command `facts`, args {"model": path, "draft": path or null, "state_dir": dir} (the call
-convention, fleet/remote_call.py). Building SGLang's parser imports it (seconds), so the option
-list is cached on the host under the state dir, keyed by the sglang version and the hash of the
-files that define its arguments. Stdlib + hostlib only (SGLang is imported only on a cache
-miss); Python 3.8+.
+Command `facts`, args {"model": path, "draft": path or null, "state_dir": dir, "known_options":
+[fingerprint, ...]} (the call convention, fleet/remote_call.py). Building SGLang's parser imports
+it (4-9 s of CPU), so the option list is cached on the host under the state dir, keyed by the
+sglang version and the hash of the files that define its arguments (the fingerprint); a
+fingerprint the controller's cache knows (known_options, stages/sglang_options.py) is answered by
+name alone. The smoke probe, which imports SGLang anyway, keeps the list too (remember_options).
+Stdlib + hostlib only (SGLang is imported only on a miss of both caches); Python 3.8+.
 """
 
 import hashlib
@@ -38,39 +40,73 @@ def args_fingerprint(root, version):
 
 # Every option string the parser accepts, and those it accepts but does not document (help
 # suppressed: an old spelling kept as an alias), so a flag SGLang accepts under two names is
-# rendered under the one it documents.
-LIST_OPTIONS = """
-import argparse, json
+# rendered under the one it documents. One source for both users: exec'd here (the smoke probe
+# lists in its own process, where SGLang is imported already) and run as LIST_OPTIONS.
+OPTIONS_OF = """
+def options_of(server_args_class):
+    import argparse
+    parser = argparse.ArgumentParser()
+    server_args_class.add_cli_args(parser)
+    return {"options": sorted(s for a in parser._actions for s in a.option_strings),
+            "undocumented": sorted(s for a in parser._actions if a.help == argparse.SUPPRESS
+                                   for s in a.option_strings)}
+"""
+exec(OPTIONS_OF)
+LIST_OPTIONS = OPTIONS_OF + """
+import json
 from sglang.srt.server_args import ServerArgs
-parser = argparse.ArgumentParser()
-ServerArgs.add_cli_args(parser)
-print(json.dumps({"options": sorted(s for a in parser._actions for s in a.option_strings),
-                  "undocumented": sorted(s for a in parser._actions if a.help == argparse.SUPPRESS
-                                         for s in a.option_strings)}))
+print(json.dumps(options_of(ServerArgs)))
 """
 
 
-def option_strings(root, version, state_dir):
-    cache_dir = os.path.join(state_dir, hostlib.CACHE_DIR)
-    cache = os.path.join(cache_dir, "options-v2-%s.json" % args_fingerprint(root, version))
+def _cache_path(state_dir, fingerprint):
+    return os.path.join(state_dir, hostlib.CACHE_DIR, "options-v2-%s.json" % fingerprint)
+
+
+def _keep(path, options):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as fh:
+            json.dump(options, fh)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # a read-only state dir only costs the next call the same seconds
+
+
+def option_strings(root, version, state_dir, known=()):
+    """(options or None, where they came from: "host" | "controller" | None when listed now,
+    the error of a listing that failed, the fingerprint). A fingerprint the controller says it
+    knows (`known`, its cache: stages/sglang_options.py) is answered by name, without the import."""
+    fingerprint = args_fingerprint(root, version)
+    cache = _cache_path(state_dir, fingerprint)
     try:
         with open(cache) as fh:
-            return json.load(fh), True, None
+            return json.load(fh), "host", None, fingerprint
     except (OSError, ValueError):
         pass
+    if fingerprint in known:
+        return None, "controller", None, fingerprint
     result = subprocess.run([sys.executable, "-c", LIST_OPTIONS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd="/")
     if result.returncode != 0:
-        return None, False, result.stderr.decode("utf-8", "replace")[-4000:]
+        return None, None, result.stderr.decode("utf-8", "replace")[-4000:], fingerprint
     options = json.loads(result.stdout)
-    try:
-        os.makedirs(cache_dir, exist_ok=True)
-        with open(cache + ".tmp", "w") as fh:
-            json.dump(options, fh)
-        os.replace(cache + ".tmp", cache)
-    except OSError:
-        pass  # a read-only state dir only costs the next call the same seconds
-    return options, False, None
+    _keep(cache, options)
+    return options, None, None, fingerprint
+
+
+def remember_options(server_args_class, state_dir=None):
+    """Called where SGLang's ServerArgs is imported already (the smoke probe): the list for the
+    files on disk, kept in the host's cache if it lacks it, and returned for the controller's."""
+    package = hostlib.locate_package("sglang")
+    if not package:
+        return None
+    fingerprint = args_fingerprint(package["root"], package["version"])
+    cache = _cache_path(state_dir or hostlib.STATE_DIR, fingerprint)
+    listed = options_of(server_args_class)  # noqa: F821 (defined by exec(OPTIONS_OF) above)
+    if not os.path.exists(cache):
+        _keep(cache, listed)
+    return {"fingerprint": fingerprint, **listed}
 
 
 def model_facts(path):
@@ -105,9 +141,10 @@ def facts(args, stream=None):
            "model": model_facts(args.get("model")), "draft": model_facts(args.get("draft")),
            "gpus": hostlib.gpus()}
     if root is not None:
-        listed, cached, error = option_strings(root, version, args.get("state_dir") or hostlib.STATE_DIR)
+        listed, cached, error, fingerprint = option_strings(root, version, args.get("state_dir") or hostlib.STATE_DIR,
+                                                            args.get("known_options") or ())
         out["sglang"].update(options=listed and listed["options"], undocumented=listed and listed["undocumented"],
-                             options_cached=cached, options_error=error)
+                             options_cached=cached, options_error=error, options_fingerprint=fingerprint)
     return out
 
 

@@ -5,6 +5,8 @@ convention (fleet/remote_call.py) on the host, or in a local process for `smoke 
 value is ONE document: ok, phase that failed (import | parse | validate), exception type and
 message, the FULL traceback (never cut), SGLang's log lines emitted meanwhile, key resolved
 fields, timings. A failing validation is a successful probe whose document says ok: false.
+With SGLang imported, it also lists its option strings (options_listed; server_facts.py, sent
+as a companion, keeps them on the host): a plan after a push then finds them cached.
 
 Validation: on SGLang with `ServerArgs.resolve_once` (0.5.23+) parsing only parses and
 resolve_once validates, then `check_server_args` (which the launch runs next: the parallel sizes
@@ -108,9 +110,25 @@ def probe(request, stream=None):
     finally:
         logging.getLogger().removeHandler(collect)
     out["timings"]["total_s"] = round(time.monotonic() - started, 3)
+    if "import_s" in out["timings"]:
+        t = time.monotonic()
+        out["options_listed"] = listed_options(request)
+        out["timings"]["options_s"] = round(time.monotonic() - t, 3)
     out["log"] = collect.lines
     out["stderr"] = stderr.getvalue()
     return out
+
+
+def listed_options(request):
+    """The option strings of the SGLang this probe imported, kept in the host's cache and sent to
+    the controller's (server_facts.remember_options): the next plan's facts need no import of
+    their own. Milliseconds here; never the probe's outcome (None when it cannot)."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+
+        return hostlib.companion("server_facts.py").remember_options(ServerArgs, request.get("state_dir"))
+    except Exception:  # noqa: BLE001 - an old SGLang without add_cli_args, a read-only state dir
+        return None
 
 
 COMMANDS = {"probe": probe}

@@ -47,7 +47,7 @@ from ..remote.hostlib import describe_holder, server_paths
 from ..spec.profile import Artifacts, Profile
 from . import doctor
 from . import health as health_stage
-from . import kernels, release, runs
+from . import kernels, release, runs, sglang_options
 from .render import Rendered, RenderError, render
 from .units import Placement
 from .smoke import diagnose, run_probe, simulate_for
@@ -180,7 +180,8 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
     model, spec = mine.model, mine.speculative
     args: dict[str, Any] = {"profile": profile.name,
                             "facts": {"model": model.path if model else None,
-                                      "draft": spec.draft_model if spec else None},
+                                      "draft": spec.draft_model if spec else None,
+                                      "known_options": sglang_options.known()},
                             "port": mine.server.port, **extra}
     companions = tuple(name for name in COMPANIONS if name != "release.py" or artifacts is not None)
     if checks and artifacts is not None:
@@ -195,7 +196,10 @@ def plan_call(conn: Any, profile: Profile, artifacts: Artifacts | None, extra: d
         targets = release.inspect_targets(artifacts, also=kernels.candidate_keys(profile))
         args["inspect"] = {"package": package, "recover": recover, "holder": extra.get("holder") or holder("plan"),
                            "targets": targets}
-    return remote_call.call(conn, SERVER, "plan", args, timeout=600, companions=companions)
+    planned = remote_call.call(conn, SERVER, "plan", args, timeout=600, companions=companions)
+    if planned.get("facts") is not None:
+        sglang_options.complete(planned["facts"])
+    return planned
 
 
 def restart_reasons(running: dict[str, Any], desired: dict[str, Any], changes: int, mode: str) -> list[str]:

@@ -30,6 +30,7 @@ from ..fleet.inventory import Host
 from ..spec.profile import Profile, with_overrides
 from ..fleet.remote_call import call
 from ..remote import redact
+from . import sglang_options
 from .units import Placement
 
 TEMPLATES = data_dir("templates")
@@ -98,6 +99,10 @@ class Rendered:
                 "bind": self.bind, "port": self.port,
                 "flags": [{"flag": f.name, "values": f.values, "source": f.source} for f in self.flags],
                 "sglang": self.facts["sglang"].get("version"),
+                # where the option list the flags were checked against came from: the host's
+                # cache, the controller's (stages/sglang_options.py), or "listed" (SGLang imported)
+                "options": {"fingerprint": self.facts["sglang"].get("options_fingerprint"),
+                            "from": self.facts["sglang"].get("options_cached") or "listed"},
                 "model": self.facts.get("model"), "draft": self.facts.get("draft"),
                 **({"placement": self.placement.to_json()} if self.placement else {})}
 
@@ -167,8 +172,9 @@ def server_facts(conn: Any, profile: Profile) -> dict[str, Any]:
     """One round trip: remote/server_facts.py on conn's host (a LocalConnection for --local)."""
     model = profile.model.model
     spec = profile.model.speculative
-    args = {"model": model.path if model else None, "draft": spec.draft_model if spec else None}
-    return call(conn, "server_facts.py", "facts", args, timeout=300)
+    args = {"model": model.path if model else None, "draft": spec.draft_model if spec else None,
+            "known_options": sglang_options.known()}
+    return sglang_options.complete(call(conn, "server_facts.py", "facts", args, timeout=300))
 
 
 class _Sources:

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import RemoteError
 from ..fleet.remote_call import call
 from ..spec.profile import Profile
-from . import runs
+from . import runs, sglang_options
 from .render import HYBRID_MEMORY_RATIO, RENAMED, Rendered, RenderError, mamba_strategy_flag, render, server_facts
 from .units import Placement
 
@@ -25,7 +25,11 @@ PROBE = "smoke_probe.py"
 
 def run_probe(conn: Any, rendered: Rendered, simulate: str | None) -> dict[str, Any]:
     try:
-        return call(conn, PROBE, "probe", {"argv": rendered.argv, "simulate": simulate})
+        probed = call(conn, PROBE, "probe", {"argv": rendered.argv, "simulate": simulate},
+                      companions=("server_facts.py",))
+        listed = probed.pop("options_listed", None) or {}
+        sglang_options.store(listed.get("fingerprint"), listed)
+        return probed
     except RemoteError as exc:  # the probe itself died (killed, interpreter gone): its output, whole
         return {"ok": False, "phase": "probe", "exception": {"type": "ProbeError", "message": "no answer from the "
                 "probe"}, "traceback": exc.remote_traceback or str(exc), "log": [], "fields": {}, "timings": {}}
