@@ -213,9 +213,12 @@ def test_the_warm_validator_is_reused_until_a_file_it_imported_or_the_environmen
             conn.run(f"cat > {root}/{name}", stdin=data)
     second = serve_and_stop(conn)
     assert second is not None and second != first, validator_log(conn)
-    third = serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1")  # SGLang's import could read it
+    third = serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1 ROLL_RELEASE=a")  # SGLang's import could read it
     assert third is not None and third != second, validator_log(conn)
     assert "stale (another environment (SGLANG_SGLFLEET_TEST_SETTING)): exiting" in validator_log(conn)
+    # a profile's own variable present at the import, which SGLang's scan of the environment (its
+    # SGL_ -> SGLANG_ rewrite) read along with every other name: still not one SGLang's import uses
+    assert serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1 ROLL_RELEASE=b") == third, validator_log(conn)
 
 
 def test_the_warm_validator_goes_away_when_idle(conn):

@@ -37,7 +37,7 @@
 Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE_LOG_S
 (default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_DIST_TIMEOUT (s, default 60),
 SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, as a start validates, printing a JSON summary),
-SGLFLEET_SIM_WARM_S (s, default 60: how long the host's warm validator waits idle after this start for
+SGLFLEET_SIM_WARM_S (s, default 180: how long the host's warm validator waits idle after this start for
 the next; 0: no warm validator). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
 SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
 text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the

@@ -24,7 +24,7 @@ It is never stale:
    record of os.environ cannot see): a start whose environment differs in one of those replaces
    it too. A child's environment is what a fresh child's would be after that import.
 Memory stays bounded: one per host (a lock file), ~0.45 GB of its own (torch's libraries are
-shared pages), gone after SGLFLEET_SIM_WARM_S idle seconds (the latest start's; default 60),
+shared pages), gone after SGLFLEET_SIM_WARM_S idle seconds (the latest start's; default 180),
 never started while the machine has less than MIN_AVAILABLE_GB available (a fresh child per
 start then, as before). A stand-in stopped while validating closes its socket: the validator kills
 that child at once. /var/lib/sglfleet-lab/validator.log says why each validator came and went.
@@ -51,7 +51,10 @@ XOPTION = "sglfleet_warm_validator"
 DIRECTORY = "/var/lib/sglfleet-lab"
 DIRECTORY_ENV = "SGLFLEET_SIM_VALIDATOR_DIR"
 WARM_ENV = "SGLFLEET_SIM_WARM_S"
-WARM_DEFAULT_S = 60.0
+# 180 s: in the lab tests' runs, a host's next start came 68-150 s after its previous one (a test's
+# deploys with other hosts' work between them); at 60 s, 9 of 20 validators exited idle and the
+# next start imported SGLang again. The memory it holds meanwhile is bounded by MIN_AVAILABLE_GB.
+WARM_DEFAULT_S = 180.0
 MIN_AVAILABLE_GB = 4.0
 # What of a start's environment must agree with the warm validator's own (before its import):
 # every name the import looked up in os.environ (recorded), and the names it reads where that
@@ -92,16 +95,30 @@ class RecordingEnviron(os._Environ):
     scans = []
 
     def __getitem__(self, key):
-        RecordingEnviron.looked_up.add(key)
+        # A read made while a known scan iterates (`os.environ.items()` in sglang/srt/environ.py
+        # reads every name present) is that scan's, which IMPORT_ENV_PREFIXES covers: recorded as
+        # a lookup, every name of the environment counted, and a profile's own variable (a
+        # release's ROLL_RELEASE) made each start re-import SGLang.
+        frame, iterating = caller(sys._getframe(1))
+        if not (iterating and frame is not None and frame.f_code.co_filename.endswith(KNOWN_ENV_SCANS)):
+            RecordingEnviron.looked_up.add(key)
         return super().__getitem__(key)
 
     def __iter__(self):
-        frame = sys._getframe(1)
-        while frame is not None and (frame.f_code.co_filename.startswith("<") or
-                                     frame.f_code.co_filename == os.__file__):
-            frame = frame.f_back
+        frame, _ = caller(sys._getframe(1))
         RecordingEnviron.scans.append(frame.f_code.co_filename if frame is not None else "?")
         return super().__iter__()
+
+
+def caller(frame):
+    """(the first frame outside os.py and frozen modules such as _collections_abc, whether one of
+    the frames passed over was an iteration: a view's __iter__)."""
+    iterating = False
+    while frame is not None and (frame.f_code.co_filename.startswith("<") or
+                                 frame.f_code.co_filename == os.__file__):
+        iterating = iterating or frame.f_code.co_name == "__iter__"
+        frame = frame.f_back
+    return frame, iterating
 
 
 def watched_paths():
