@@ -120,8 +120,11 @@ def test_seed_story_gate_serve_rerun(lab, inventory, tmp_path):
     assert any("block size" in fix for fix in doc["diagnosis"]), doc["diagnosis"]
     stored = Path(whole["run_dir"]) / f"{host}.traceback.txt"
     assert stored.read_text() == doc["traceback"]
-    assert "rolled back" in doc["summary"] and record(inventory, host) is None
-    assert on_host(inventory, host, f"cat {STATE}/current 2>/dev/null").strip() == ""  # the push was undone
+    # the smoke ran inside the push's transaction: the swap undone there, no release committed
+    assert "restored in the push's own transaction" in doc["summary"] and record(inventory, host) is None
+    assert doc["steps"] and "smoke" not in doc["steps"] and "pushed" not in doc
+    assert on_host(inventory, host, f"cat {STATE}/current 2>/dev/null").strip() == ""
+    assert on_host(inventory, host, f"ls {STATE}/releases 2>/dev/null").strip() == ""
 
     # hybrid: auto serves; the running config is the deployed one.
     code, doc, _ = deploy_json(lab, tmp_path, host, good)

@@ -232,3 +232,73 @@ def test_a_push_goes_through_once_the_lease_is_dropped_or_expired(host):
     time.sleep(0.3)  # its deploy died without dropping it: past the ttl it binds nobody
     apply(host, "r3", {"pkg/m.py": b"V = 3\n"}, {"pkg/m.py": b"V = 2\n"})
     assert read(host, "pkg/m.py") == b"V = 3\n" and host.current() == "r3"
+
+
+class FakeProbe:
+    """smoke_probe.py as a deploy's apply calls it (a companion): records what it was asked and
+    what `pkg.m` held when it ran, answers `ok`."""
+
+    def __init__(self, ok: bool):
+        self.ok, self.requests, self.seen = ok, [], None
+
+    def probe(self, request):
+        import pkg.m  # noqa: the swapped-in module, imported by the import check just before
+
+        self.requests.append(request)
+        self.seen = pkg.m.V
+        if self.ok:
+            return {"ok": True, "phase": None, "fields": {"tp_size": 1}, "timings": {"total_s": 0.1}}
+        return {"ok": False, "phase": "validate", "exception": {"type": "ValueError", "message": "bad argv\nmore"},
+                "traceback": "Traceback (most recent call last):\n...\nValueError: bad argv", "timings": {}}
+
+
+@pytest.fixture
+def importable(host, monkeypatch):
+    """`pkg` importable by name (the import check imports by name), forgotten afterwards."""
+    import sys
+
+    monkeypatch.syspath_prepend(host.package["site"])
+    yield
+    for name in [n for n in sys.modules if n == "pkg" or n.startswith("pkg.")]:
+        del sys.modules[name]
+
+
+def apply_with_smoke(host, probe, monkeypatch, version: bytes):
+    monkeypatch.setitem(hostlib.COMPANIONS, "smoke_probe.py", probe)
+    args = {"id": "r1", "holder": HOLDER, "artifacts": [], "import_check": ["pkg.m"],
+            "smoke": {"argv": ["--model-path", "/m"], "simulate": "h200"},
+            "files": [{"key": "pkg/m.py", "before": sha(b"V = 0\n"), "after": sha(version)}]}
+    return release.cmd_apply(host, args, tar_of({"pkg/m.py": version}))
+
+
+def test_a_deploys_smoke_runs_in_the_push_on_the_swapped_files_and_its_document_comes_back(
+        host, importable, monkeypatch):
+    probe = FakeProbe(ok=True)
+    done = apply_with_smoke(host, probe, monkeypatch, b"V = 1\n")
+    assert probe.seen == 1  # the new file, imported once, after the swap
+    assert probe.requests == [{"argv": ["--model-path", "/m"], "simulate": "h200", "state_dir": host.state}]
+    assert done["probe"]["ok"] and done["probe"]["timings"]["import_check_s"] >= 0
+    assert host.current() == "r1" and read(host, "pkg/m.py") == b"V = 1\n"
+
+
+def test_a_failing_smoke_inside_the_push_undoes_the_swap_and_commits_nothing(host, importable, monkeypatch):
+    probe = FakeProbe(ok=False)
+    with pytest.raises(hostlib.Failure) as info:
+        apply_with_smoke(host, probe, monkeypatch, b"V = 2\n")
+    assert probe.seen == 2  # it validated against the new files
+    assert info.value.detail["phase"] == "smoke" and info.value.detail["restored"] is True
+    assert info.value.detail["probe"]["traceback"].endswith("ValueError: bad argv")
+    assert str(info.value) == "smoke failed (validate): ValueError: bad argv"
+    assert read(host, "pkg/m.py") == b"V = 0\n" and host.current() is None
+    assert not os.path.exists(os.path.join(host.state, "releases", "r1"))
+    assert not os.path.exists(os.path.join(host.state, hostlib.JOURNAL_FILE))
+
+
+def test_an_import_check_failure_inside_the_push_is_reported_whole_before_any_smoke(
+        host, importable, monkeypatch):
+    probe = FakeProbe(ok=True)
+    with pytest.raises(hostlib.Failure) as info:
+        apply_with_smoke(host, probe, monkeypatch, b"raise ImportError('patched module is broken')\n")
+    assert info.value.detail["phase"] == "import" and probe.requests == []
+    assert "import check failed (pkg.m)" in str(info.value) and "patched module is broken" in str(info.value)
+    assert read(host, "pkg/m.py") == b"V = 0\n" and host.current() is None

@@ -3,6 +3,10 @@
 Run through the one call convention (fleet/remote_call.py -> hostlib.serve): `COMMANDS[name](args,
 stream)`, where for `apply` the stream carries the tar of the new files after the args. Progress
 goes to stderr. Stdlib + hostlib only, Python 3.8+; importable on the controller for unit tests.
+After the swap, apply py_compiles the new files and imports the patchset's import_check modules in
+a fresh interpreter; a deploy's apply (args `smoke`, smoke_probe.py and server_facts.py sent as
+companions) imports them in its own process instead and runs the smoke probe there: one import of
+SGLang, and a failing smoke undoes the swap as a failed import check does.
 
 Everything lives under the state dir (hostlib.STATE_DIR):
     lock                      flock'd by the run changing this host; holds the holder's JSON
@@ -249,8 +253,10 @@ def remove_orphans(host):
     return removed
 
 
-def check_python(host, keys, modules):
-    """py_compile the changed .py files, then import the modules in a fresh interpreter."""
+def check_python(host, keys, modules, smoke=None):
+    """py_compile the changed .py files, then import the modules in a fresh interpreter; with
+    `smoke` (a deploy's probe request), import them here instead and run the smoke probe after
+    them: its document (ok or not), for the caller to commit or undo on."""
     import py_compile
 
     for key in keys:
@@ -263,12 +269,38 @@ def check_python(host, keys, modules):
         bad = [m for m in modules if not MODULE_NAME.match(m)]
         if bad:  # the controller checks this too; names are data here, never source code
             raise Failure("import check: not module names: %s" % ", ".join(repr(m) for m in bad), phase="import")
+    if smoke is not None:
+        return import_and_probe(modules, smoke, host.state)
+    if modules:
         result = subprocess.run([sys.executable, "-c", IMPORT_MODULES] + list(modules), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd="/")
         if result.returncode != 0:
             raise Failure("import check failed (%s):\n%s" % (", ".join(modules),
                                                              result.stdout.decode("utf-8", "replace")),
                           phase="import")
+
+
+def import_and_probe(modules, smoke, state_dir):
+    """The import check and a deploy's smoke probe in this process, in one import of SGLang: this
+    process has not imported the package (Host reads its files and metadata only), so what it
+    imports now is what the swap put on disk. The probe (remote/smoke_probe.py, a companion of
+    this call) reports a failed validation in its document; an import that fails here is the
+    import check's failure, as in a fresh interpreter."""
+    import importlib
+    import traceback
+
+    importlib.invalidate_caches()  # directory listings read before the swap
+    started = time.monotonic()
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - SystemExit from a module is a failed import too
+            raise Failure("import check failed (%s):\n%s" % (", ".join(modules), traceback.format_exc()),
+                          phase="import")
+    checked = time.monotonic() - started
+    probe = hostlib.companion("smoke_probe.py").probe(dict(smoke, state_dir=state_dir))
+    probe.setdefault("timings", {})["import_check_s"] = round(checked, 3)
+    return probe
 
 
 # ---------------------------------------------------------------- the deploy lease
@@ -399,9 +431,16 @@ def cmd_apply(host, args, stream):
             raise
         tx = Transaction(host, release_id, rdir, args.get("pace_s", 0.0))
         tx.prepare([(item["key"], os.path.join(staging, item["key"])) for item in files])
+        probe = None
         try:
             tx.apply()
-            check_python(host, [item["key"] for item in files], args.get("import_check", []))
+            probe = check_python(host, [item["key"] for item in files], args.get("import_check", []),
+                                 args.get("smoke"))
+            if probe is not None and not probe.get("ok"):
+                exc = probe.get("exception") or {}
+                raise Failure("smoke failed (%s): %s: %s" % (probe.get("phase"), exc.get("type"),
+                                                             (exc.get("message") or "").split("\n")[0]),
+                              phase="smoke", probe=probe)
         except Exception as exc:
             tx.undo()
             shutil.rmtree(rdir, ignore_errors=True)
@@ -418,7 +457,7 @@ def cmd_apply(host, args, stream):
         host.set_current(release_id)
         tx.finish()
     return {"release": release_id, "previous": previous, "files": [item["key"] for item in files],
-            "recovered": recovered, "orphans_removed": orphans}
+            "recovered": recovered, "orphans_removed": orphans, "probe": probe}
 
 
 def cmd_releases(host, args):

@@ -23,13 +23,25 @@ from .units import Placement
 PROBE = "smoke_probe.py"
 
 
+# What the probe calls in its process: server_facts lists and keeps the options of the SGLang it imported.
+PROBE_COMPANIONS = ("server_facts.py",)
+
+
+def probe_request(rendered: Rendered, simulate: str | None) -> dict[str, Any]:
+    return {"argv": rendered.argv, "simulate": simulate}
+
+
+def received(probed: dict[str, Any]) -> dict[str, Any]:
+    """A probe's document as the controller keeps it: the option list it sent goes to the
+    controller's cache (stages/sglang_options.py), not into the stored result."""
+    listed = probed.pop("options_listed", None) or {}
+    sglang_options.store(listed.get("fingerprint"), listed)
+    return probed
+
+
 def run_probe(conn: Any, rendered: Rendered, simulate: str | None) -> dict[str, Any]:
     try:
-        probed = call(conn, PROBE, "probe", {"argv": rendered.argv, "simulate": simulate},
-                      companions=("server_facts.py",))
-        listed = probed.pop("options_listed", None) or {}
-        sglang_options.store(listed.get("fingerprint"), listed)
-        return probed
+        return received(call(conn, PROBE, "probe", probe_request(rendered, simulate), companions=PROBE_COMPANIONS))
     except RemoteError as exc:  # the probe itself died (killed, interpreter gone): its output, whole
         return {"ok": False, "phase": "probe", "exception": {"type": "ProbeError", "message": "no answer from the "
                 "probe"}, "traceback": exc.remote_traceback or str(exc), "log": [], "fields": {}, "timings": {}}
