@@ -169,8 +169,13 @@ def test_plan_asks_about_the_model_draft_and_port_the_host_runs(monkeypatch, tmp
 
     from orchestrator.fleet.inventory import Host
     from orchestrator.spec.profile import load_profile
-    from orchestrator.stages import deploy
+    from orchestrator.stages import deploy, sglang_options
 
+    # a controller cache of its own, knowing one fingerprint: the facts ask says so (known_options)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(sglang_options, "_known", None)
+    known = "0123456789abcdef01234567"
+    sglang_options.store(known, {"options": ["--port"], "undocumented": []})
     path = tmp_path / "p.yaml"
     path.write_text("name: p\nmodel: {path: /m}\nspeculative: {algorithm: DFLASH, draft_model: /d}\n"
                     "server: {port: 30000}\n")
@@ -179,9 +184,11 @@ def test_plan_asks_about_the_model_draft_and_port_the_host_runs(monkeypatch, tmp
     overrides = {"p": {"model": {"path": "/m2"}, "speculative": {"draft_model": "/d2"}, "server": {"port": 31001}}}
     host = Host(name="h", address="127.0.0.1", vars={"sglfleet_profile_overrides": overrides})
     deploy.plan_call(SimpleNamespace(host=host), load_profile(str(path)), None, {})
-    assert asked[-1]["facts"] == {"model": "/m2", "draft": "/d2"} and asked[-1]["port"] == 31001
+    assert asked[-1]["facts"] == {"model": "/m2", "draft": "/d2", "known_options": [known]}
+    assert asked[-1]["port"] == 31001
     # Another host, no overrides: the file's values. Overrides of the wrong shape are render's error.
     for vars_ in ({}, {"sglfleet_profile_overrides": "nonsense"}):
         deploy.plan_call(SimpleNamespace(host=Host(name="g", address="127.0.0.1", vars=vars_)),
                          load_profile(str(path)), None, {})
-        assert asked[-1]["facts"] == {"model": "/m", "draft": "/d"} and asked[-1]["port"] == 30000
+        assert asked[-1]["facts"] == {"model": "/m", "draft": "/d", "known_options": [known]}
+        assert asked[-1]["port"] == 30000
