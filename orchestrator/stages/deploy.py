@@ -485,13 +485,13 @@ class HostDeploy:
             self.finish(None)
             return self.fail("push", f"{self.host.name}: stopped before changing anything: the run was interrupted",
                              stopped=True)
-        probe = None
+        probe, restored = None, ""
         if host_plan.changes:
             # The smoke runs inside the push's transaction, after its import check and in the same
             # process: one import of SGLang instead of two, one round trip less, and a failing
             # smoke leaves nothing committed. --no-revert keeps a failing release for a look, so
             # it pushes, then smokes on its own, as before.
-            smoke = self._smoke_request(rendered) if self.options.revert else None
+            smoke = probe_request(rendered, simulate_for(self.host, None)) if self.options.revert else None
             self.note(f"push {len(host_plan.changes)} file(s)" + (" + smoke" if smoke else ""))
             try:
                 applied = self._apply(planned, host_plan, smoke)
@@ -499,6 +499,7 @@ class HostDeploy:
                 probe = exc.detail.get("probe") if smoke else None
                 if not isinstance(probe, dict):
                     return self.fail("push", str(exc))
+                restored = "; the pushed files were restored in the push's own transaction (nothing was committed)"
             else:
                 desired["release"] = applied["release"]
                 self.doc["pushed"] = {"release": applied["release"], "files": applied["files"],
@@ -512,8 +513,7 @@ class HostDeploy:
         if not probe.get("ok"):
             self.doc["traceback"] = probe.get("traceback")
             self.doc["diagnosis"] = diagnose(probe, rendered)
-            undo = (self._undo_release(applied, previous_release) if applied or not host_plan.changes else
-                    "; the pushed files were restored in the push's own transaction (nothing was committed)")
+            undo = restored or self._undo_release(applied, previous_release)
             exc = probe.get("exception") or {}
             self.finish(None)
             return self.fail("smoke", f"smoke failed ({probe.get('phase')}): {exc.get('type')}: "
@@ -583,9 +583,6 @@ class HostDeploy:
         self.note("smoke")
         return run_probe(self.conn, rendered, simulate_for(self.host, None))
 
-    def _smoke_request(self, rendered: Rendered) -> dict[str, Any]:
-        return probe_request(rendered, simulate_for(self.host, None))
-
     def _apply(self, planned: dict[str, Any], host_plan: release.HostPlan,
                smoke: dict[str, Any] | None = None) -> dict[str, Any]:
         """Round trip 2: the push's apply, on the plan made from round trip 1's inspection; with
@@ -602,11 +599,8 @@ class HostDeploy:
         args = {"package": planned["inspect"]["package"]["name"], "id": self.options.release_id,
                 "holder": self.holder, "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
                 "artifacts": artifacts_doc, "import_check": host_plan.import_check, "pace_s": 0.0}
-        if smoke is None:
-            answer = release.call(self.conn, "apply", args, payload=tar)
-        else:
-            answer = remote_call.call(self.conn, "release.py", "apply", dict(args, smoke=smoke), payload=tar,
-                                      timeout=600, companions=(PROBE, *PROBE_COMPANIONS))
+        answer = release.call(self.conn, "apply", args if smoke is None else dict(args, smoke=smoke), payload=tar,
+                              companions=() if smoke is None else (PROBE, *PROBE_COMPANIONS))
         return {"release": answer["release"], "files": answer["files"], "content_bytes": tar.content_bytes,
                 "probe": answer.get("probe")}
 

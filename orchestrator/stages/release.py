@@ -100,9 +100,10 @@ def new_release_id() -> str:
 
 
 def call(conn: Connection, command: str, args: dict[str, Any], payload: Any = None,
-         timeout: float | None = 600) -> dict[str, Any]:
+         timeout: float | None = 600, companions: tuple[str, ...] = ()) -> dict[str, Any]:
     """One remote/release.py command through the call convention (fleet/remote_call.py)."""
-    return remote_call.call(conn, "release.py", command, args, payload=payload, timeout=timeout)
+    return remote_call.call(conn, "release.py", command, args, payload=payload, timeout=timeout,
+                            companions=companions)
 
 
 # ---------------------------------------------------------------- inspect + plan
