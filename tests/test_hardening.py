@@ -50,6 +50,9 @@ def test_import_check_names_must_be_dotted_module_names(tmp_path, name):
 
 def test_the_host_imports_check_modules_by_name_never_as_source(tmp_path):
     host = release.Host.__new__(release.Host)
+    (tmp_path / "site" / "pkg").mkdir(parents=True)
+    host.state, host.package = str(tmp_path / "state"), {"root": str(tmp_path / "site" / "pkg"),
+                                                         "site": str(tmp_path / "site")}
     marker = tmp_path / "ran"
     release.check_python(host, [], ["json", "os.path"])  # plain names import fine
     with pytest.raises(hostlib.Failure, match="not module names"):

@@ -119,6 +119,34 @@ def test_push_makes_ddtree_real_and_rerun_sends_nothing(lab, inventory):
     assert {f["status"] for f in again["value"]["files"]} == {"current"}
     listing = json.loads(cli(lab, "releases", "ct129", "--json").stdout)["hosts"]["ct129"]["value"]
     assert [r["id"] for r in listing["releases"]] == [value["release"]] == [listing["current"]]
+    assert value["import_check_result"] == "passed"
+
+
+def test_an_import_check_passed_with_the_same_files_is_not_rerun_and_a_hand_edit_elsewhere_reruns_it(
+        lab, inventory):
+    code, first = push_json(lab, "ct131")
+    assert code == 0 and first["value"]["import_check_result"] == "passed", first
+    assert cli(lab, "rollback", "ct131", "--to", "pristine").returncode == 0
+    code, again = push_json(lab, "ct131")  # the same bytes on the same install: answered from the record
+    assert code == 0 and again["value"]["import_check_result"] == "cached", again
+    assert again["value"]["release"] != first["value"]["release"]
+    assert cli(lab, "rollback", "ct131", "--to", "pristine").returncode == 0
+
+    # A file of SGLang no patch touches, broken by hand: the pushed files' bytes passed before,
+    # but the host's record no longer matches, so the import runs, fails, and the swap is undone.
+    with connect(inventory, "ct131") as conn:
+        files = Files(conn)
+        pristine = files.hashes()
+        init = shlex.quote(f"{files.root}/srt/speculative/__init__.py")
+        original = conn.run(f"cat {init}").stdout
+        assert conn.run(f"echo \"raise ImportError('hand edit outside the patchset')\" >> {init}").ok
+        code, broken = push_json(lab, "ct131")
+        assert code != 0 and "hand edit outside the patchset" in broken["error"], broken
+        assert files.hashes() == pristine
+        assert conn.run(f"cat > {init}", stdin=original).ok
+    code, rechecked = push_json(lab, "ct131", "--recheck")  # runs it although the record matches
+    assert code == 0 and rechecked["value"]["import_check_result"] == "passed", rechecked
+    assert cli(lab, "rollback", "ct131", "--to", "pristine").returncode == 0
 
 
 def test_drift_is_refused_force_overrides_and_rollback_restores_bytes(lab, inventory):
@@ -161,9 +189,13 @@ def test_drift_is_refused_force_overrides_and_rollback_restores_bytes(lab, inven
 
 
 def test_two_concurrent_pushes_one_is_refused_by_the_lock(lab, inventory):
+    # The first holds the lock through a paced transfer and swap (~12 s): long enough for the
+    # second's start and inspect even on a loaded machine, whether or not its import check is
+    # answered from the host's record (which took ~6 s more when it always imported).
     started = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "push", "ct131", PROFILE, "--json",
                                 "--bwlimit", "20", "-i", str(lab.inventory_path)], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=fenced_env())
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=fenced_env({"SGLFLEET_SWAP_PACE_S": "2"}))
     with connect(inventory, "ct131") as conn:
         deadline = time.monotonic() + 30
         while conn.run(f"test -s {STATE}/lock").exit_code != 0:  # the holder writes itself into the lock

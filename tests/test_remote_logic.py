@@ -302,3 +302,67 @@ def test_an_import_check_failure_inside_the_push_is_reported_whole_before_any_sm
     assert info.value.detail["phase"] == "import" and probe.requests == []
     assert "import check failed (pkg.m)" in str(info.value) and "patched module is broken" in str(info.value)
     assert read(host, "pkg/m.py") == b"V = 0\n" and host.current() is None
+
+
+def apply_importing(host, release_id: str, version: bytes, before: bytes, recheck: bool = False):
+    args = {"id": release_id, "holder": HOLDER, "artifacts": [], "import_check": ["pkg.m"], "recheck": recheck,
+            "files": [{"key": "pkg/m.py", "before": sha(before), "after": sha(version)}]}
+    return release.cmd_apply(host, args, tar_of({"pkg/m.py": version}))
+
+
+def test_a_passed_import_check_is_reused_only_while_everything_it_read_is_the_same(host, monkeypatch):
+    # The fresh interpreter finds `pkg` through PYTHONPATH (which is part of the key as well).
+    monkeypatch.setenv("PYTHONPATH", host.package["site"])
+    site = host.package["site"]
+    assert apply_importing(host, "r1", b"V = 1\n", b"V = 0\n")["import_check"] == "passed"
+    records = os.listdir(os.path.join(host.state, hostlib.CACHE_DIR))
+    assert len(records) == 1 and records[0].startswith("import-ok-")
+    release.cmd_rollback(host, {"holder": HOLDER, "id": "b1", "to": "pristine"})
+    # The same bytes again (as after a rollback, or a recovery after a killed push): not rerun.
+    assert apply_importing(host, "r2", b"V = 1\n", b"V = 0\n")["import_check"] == "cached"
+    assert apply_importing(host, "r3", b"V = 3\n", b"V = 1\n")["import_check"] == "passed"  # new content
+    release.cmd_rollback(host, {"holder": HOLDER, "id": "b2", "to": "pristine"})
+
+    # A file the push does not touch, edited by hand so the import fails: the key changes, the
+    # check runs and fails, and the swap is undone, though these bytes of m.py passed before.
+    init = os.path.join(host.package["root"], "__init__.py")
+    with open(init, "w") as fh:
+        fh.write("raise ImportError('hand edit outside the patchset')\n")
+    with pytest.raises(hostlib.Failure) as info:
+        apply_importing(host, "r4", b"V = 1\n", b"V = 0\n")
+    assert info.value.detail["phase"] == "import" and "hand edit outside the patchset" in str(info.value)
+    assert read(host, "pkg/m.py") == b"V = 0\n" and host.current() is None
+    with open(init, "w") as fh:
+        fh.write("")
+
+    # What sits at the top of site-packages is in the key too: its files by content (a .pth runs
+    # at startup, an extension module is a file there), its directories by name (a dist-info
+    # names the version pip installed); pkg's __pycache__ is not (imports write it).
+    key = release.import_check_key(host, ["pkg.m"])
+    for name, body in (("zz.pth", "import os\n"), ("dep-2.0.dist-info", None)):
+        path = os.path.join(site, name)
+        os.mkdir(path) if body is None else open(path, "w").write(body)
+        assert release.import_check_key(host, ["pkg.m"]) != key, name
+        os.rmdir(path) if body is None else os.unlink(path)
+    os.makedirs(os.path.join(host.package["root"], "__pycache__"), exist_ok=True)
+    open(os.path.join(host.package["root"], "__pycache__", "m.cpython-311.pyc"), "wb").write(b"x")
+    assert release.import_check_key(host, ["pkg.m"]) == key
+    assert release.import_check_key(host, ["pkg"]) != key  # other modules, another key
+
+    # Back as it was: the record answers again; `recheck` runs the import regardless.
+    assert apply_importing(host, "r6", b"V = 1\n", b"V = 0\n")["import_check"] == "cached"
+    release.cmd_rollback(host, {"holder": HOLDER, "id": "b3", "to": "pristine"})
+    assert apply_importing(host, "r7", b"V = 1\n", b"V = 0\n", recheck=True)["import_check"] == "passed"
+    # Failures are never recorded: the two records are the two contents that passed.
+    assert len(os.listdir(os.path.join(host.state, hostlib.CACHE_DIR))) == 2
+
+
+def test_import_check_records_are_pruned_to_the_newest(host, monkeypatch):
+    monkeypatch.setattr(release, "IMPORT_RECORDS", 2)
+    monkeypatch.setenv("PYTHONPATH", host.package["site"])
+    before = b"V = 0\n"
+    for n in range(1, 5):
+        version = b"V = %d\n" % n
+        assert apply_importing(host, f"r{n}", version, before)["import_check"] == "passed"
+        before = version
+    assert len(os.listdir(os.path.join(host.state, hostlib.CACHE_DIR))) == 2

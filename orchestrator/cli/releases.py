@@ -102,9 +102,14 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
          dry_run: bool = typer.Option(False, "--dry-run", help="Only plan (same as `plan`)."),
          bwlimit: Optional[float] = typer.Option(None, "--bwlimit", callback=number(above=0, unit="KiB/s"),
                                                  help="Limit each host's transfer to KiB/s."),
+         recheck: bool = typer.Option(False, "--recheck",
+                                      help="Run the import check in a fresh interpreter even where the host "
+                                           "passed one with every file it reads the same."),
          host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Install the profile's patchset and extension: staged, hash-verified, swapped atomically, reversible.
-    A host another run is deploying (its lease) is refused, naming that deploy, and left as it is."""
+    A host another run is deploying (its lease) is refused, naming that deploy, and left as it is.
+    The import check's pass is recorded on the host by the content of the package and
+    site-packages' top level: the same content again is not imported anew (--recheck does)."""
     if dry_run:
         plan(pattern, profile, inventory_path, forks, as_json, False, force, host_key_policy)
         return
@@ -119,7 +124,7 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
             outcome = release.push(conn, artifacts, release_id, command, force=force,
                                    bwlimit=bwlimit * 1024 if bwlimit else None, pace_s=pace_s,
                                    for_host=lambda inspected: kernels.artifacts_for_host(prof, artifacts, inspected),
-                                   also=builds)
+                                   also=builds, recheck=recheck)
         except RemoteError as exc:
             return _refused(exc)
         return outcome.to_json()
@@ -132,6 +137,8 @@ def push(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
         rec = v.get("recovered")
         notes = v["notes"] + ([f"{'undid' if rec['undone'] else 'finished'} interrupted run {rec['txid']}"]
                               if rec else [])
+        if v.get("import_check_result") == "cached":
+            notes.append("import check passed earlier with the same files (--recheck reruns it)")
         return [v["release"] or "already current", _file_list(v["files"]),
                 output.human_bytes(v["content_bytes"]), "; ".join(notes) or "-"]
 

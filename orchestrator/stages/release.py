@@ -244,21 +244,27 @@ class PushOutcome:
     release: str | None
     content_bytes: int
     recovered: dict[str, Any] | None
+    # How the host's import check went: "passed" (imported in a fresh interpreter), "cached" (one
+    # passed with every file it could read the same: remote/release.py import_check_key), None
+    # where nothing was applied or nothing is to be imported.
+    import_check_result: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"release": self.release, "content_bytes": self.content_bytes, "recovered": self.recovered,
-                **self.plan.summary()}
+                "import_check_result": self.import_check_result, **self.plan.summary()}
 
 
 def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, force: bool = False,
          bwlimit: float | None = None, pace_s: float = 0.0,
          on_plan: Callable[[HostPlan], None] | None = None,
-         for_host: Callable[[dict[str, Any]], Artifacts] | None = None, also: list[str] = ()) -> PushOutcome:
+         for_host: Callable[[dict[str, Any]], Artifacts] | None = None, also: list[str] = (),
+         recheck: bool = False) -> PushOutcome:
     """Two round trips: inspect (recovering an interrupted run under the lock), then apply
     only what changes. A refused or already-current host gets no second round trip. Another
     run's deploy between its steps (its lease) refuses both, naming the deploy. `for_host`
     picks the artifacts for what the inspection found (the extension build for its fingerprint),
-    among those whose keys `also` names."""
+    among those whose keys `also` names. `recheck` imports in a fresh interpreter even where the
+    host recorded a pass with the same files."""
     inspected = inspect(conn, artifacts, recover=True, command=command, also=also)
     if for_host is not None:
         artifacts = for_host(inspected)
@@ -282,7 +288,7 @@ def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, 
                               "fingerprint": artifacts.extension.fingerprint})
     args = {"package": inspected["package"]["name"], "id": release_id, "holder": holder(command),
             "files": [{"key": f.key, "before": f.before, "after": f.after} for f in changes],
-            "artifacts": artifacts_doc, "import_check": plan.import_check, "pace_s": pace_s}
+            "artifacts": artifacts_doc, "import_check": plan.import_check, "pace_s": pace_s, "recheck": recheck}
     try:
         answer = call(conn, "apply", args, payload=tar)
     except RemoteError as exc:
@@ -292,7 +298,7 @@ def push(conn: Connection, artifacts: Artifacts, release_id: str, command: str, 
         raise RemoteError(_killed_apply(conn, exc, release_id, inspected["package"]["name"]), "NoAnswer",
                           exc.remote_traceback, exc.detail, exc.exit_status) from None
     return PushOutcome(plan, answer["release"], tar.content_bytes, answer.get("recovered") or
-                       inspected.get("recovered"))
+                       inspected.get("recovered"), answer.get("import_check"))
 
 
 def _killed_apply(conn: Connection, exc: RemoteError, release_id: str, package: str) -> str:
