@@ -105,9 +105,18 @@ class ProcessSampler:
                 for k, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_s"])}
 
 
+# A remote call's command line ends with its script and command (fleet/remote_call.py command_line).
+REMOTE_SCRIPT = re.compile(r"m\.serve\(.*\)\) (\S+\.py) (\S+)")
+
+
 def classify(cmdline: str) -> str:
     for kind, pattern in KINDS:
         if pattern.search(cmdline):
+            if kind == "remote call (other scripts)":
+                # Split by script and command: a deploy's apply imports SGLang for its smoke,
+                # a plain push's apply does not, and a total hides which is which.
+                script = REMOTE_SCRIPT.search(cmdline)
+                return f"remote call: {script[1]} {script[2]}" if script else kind
             return kind
     argv0 = cmdline.split(" ", 1)[0]
     return f"other: {os.path.basename(argv0) or '?'}"

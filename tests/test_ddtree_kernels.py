@@ -8,6 +8,7 @@ log-probs (tree, mask, verify, compaction) must be bit-identical.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -36,7 +37,13 @@ CASES = [  # (bs, L, V, B)
 @pytest.fixture(scope="session")
 def ext():
     out = Path(os.environ.get("DDTREE_EXT_DIR", ROOT / "build" / "ddtree-test"))
-    ddtree_build.build(out, cpu_only=not torch.cuda.is_available())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Four modules need it and `make test`'s workers often reach them together: under the lock
+    # the first compiles (~50 s of CPU on a clean clone) and the others then find every object
+    # current (ninja: ~2 s), instead of each compiling the same sources into the same directory.
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ddtree_build.build(out, cpu_only=not torch.cuda.is_available())
     return load(out)
 
 
