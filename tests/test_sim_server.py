@@ -49,9 +49,12 @@ def no_validator(conn):
     assert wait_for(lambda: validator(conn) is None, timeout=10)
 
 
-def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0"):
-    """The stand-in, detached, its output in /tmp/sim.log and its exit status in /tmp/sim.rc."""
+def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0", records=False):
+    """The stand-in, detached, its output in /tmp/sim.log and its exit status in /tmp/sim.rc. These
+    tests are about how each start validates, so none answers from a validation record unless
+    `records` (the one test of the records)."""
     q = " ".join(shlex.quote(a) for a in argv)
+    env = env if records else f"SGLFLEET_SIM_VALIDATION_RECORDS=0 {env}"
     conn.run(f"rm -f /tmp/sim.rc; setsid nohup sh -c '{env} sglfleet-sim-server {q}; echo $? > /tmp/sim.rc'"
              f" > /tmp/sim.log 2>&1 < /dev/null &")
 
@@ -170,11 +173,12 @@ def test_sigterm_while_validating_in_the_warm_validator_ends_that_validation(con
     assert validator(conn) == warm  # the validator itself stays, for the next start
 
 
-def serve_and_stop(conn, env=""):
+def serve_and_stop(conn, env="", records=False):
     """One start of the stand-in through to /health 200, then SIGTERM; the warm validator's pid that
     validated it."""
     url = f"http://{conn.host.address}:30000"
-    start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"], f"SGLFLEET_SIM_LOAD_DELAY=0 {env}")
+    start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"], f"SGLFLEET_SIM_LOAD_DELAY=0 {env}",
+          records)
     assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=120), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
     conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
     assert exit_status(conn, timeout=30) == 0
@@ -225,3 +229,54 @@ def test_the_warm_validator_goes_away_when_idle(conn):
     # the idle time is the latest start's: this one may reuse the validator of the tests before
     assert serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1 SGLFLEET_SIM_WARM_S=2") is not None
     assert wait_for(lambda: validator(conn) is None, timeout=20), "the warm validator outlived its idle time"
+
+
+RECORDED = re.compile(r"SGLang accepted this argv at .* with the same environment and files \(validation record "
+                      r"([0-9a-f]{12})\); not validated again")
+
+
+def recorded(conn):
+    """The validation record the last start answered from (None: it validated)."""
+    found = RECORDED.findall(conn.run("cat /tmp/sim.log").stdout_text)
+    return found[-1] if found else None
+
+
+def test_an_accepted_start_is_recorded_and_the_same_start_on_the_same_files_is_not_validated_again(conn):
+    """A start whose argv, environment (the stand-in's own knobs aside) and files are those of an
+    accepted start before it takes that start's summary from the host's record; any file of the
+    sglang package edited, or a setting SGLang may read, and it validates again (a refusal is
+    never recorded, so the edit below fails every time); the same bytes back, and the record
+    answers again."""
+    conn.run("rm -rf /var/lib/sglfleet-lab/validated")
+    argv = DFLASH + ["--host", conn.host.address, "--port", "30000"]
+    served = serve_and_stop(conn, records=True)
+    assert served is not None and recorded(conn) is None  # validated, then recorded
+    assert serve_and_stop(conn, "SGLFLEET_SIM_DECODE_LOG_S=1", records=True) is None
+    key = recorded(conn)
+    assert key is not None, conn.run("cat /tmp/sim.log").stdout_text[-2000:]
+    # The record holds what serving needs: the resolved args come back as SGLang resolved them.
+    start(conn, argv, "SGLFLEET_SIM_LOAD_DELAY=0 SGLFLEET_SIM_DECODE_LOG_S=0.5", records=True)
+    url = f"http://{conn.host.address}:30000"
+    assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=60)
+    info = json.loads(http(url + "/server_info")[1])
+    assert info["lab_simulation"] is True and info["version"] == "0.5.23", info
+    assert info["server_args"]["speculative_algorithm"] == "DFLASH"
+    assert info["server_args"]["speculative_num_draft_tokens"] == 16  # resolved from the block size
+    assert wait_for(lambda: "accept len: 3.40" in conn.run("cat /tmp/sim.log").stdout_text, timeout=20)
+    conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
+    assert exit_status(conn, timeout=30) == 0 and recorded(conn) == key
+
+    root = "/root/ml-env/lib/python3.11/site-packages/sglang/srt"
+    name = "configs/model_config.py"  # read by the validation, not at import
+    original = conn.run(f"cat {root}/{name}").stdout
+    try:
+        assert conn.run(f"echo \"raise RuntimeError('sglfleet test: {name} edited')\" >> {root}/{name}").ok
+        for _ in range(2):
+            start(conn, argv, records=True)
+            assert exit_status(conn) == 1 and recorded(conn) is None
+            assert f"RuntimeError: sglfleet test: {name} edited" in conn.run("cat /tmp/sim.log").stdout_text
+    finally:
+        assert conn.run(f"cat > {root}/{name}", stdin=original).ok
+    assert serve_and_stop(conn, records=True) is None and recorded(conn) == key  # the same bytes again
+    assert serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1", records=True) is not None  # validated
+    assert recorded(conn) is None

@@ -38,7 +38,9 @@ Knobs (environment): SGLFLEET_SIM_LOAD_DELAY (s, default 3), SGLFLEET_SIM_DECODE
 (default 5), SGLFLEET_SIM_DRAIN_LOG_S (default 5), SGLFLEET_SIM_DIST_TIMEOUT (s, default 60),
 SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, as a start validates, printing a JSON summary),
 SGLFLEET_SIM_WARM_S (s, default 180: how long the host's warm validator waits idle after this start for
-the next; 0: no warm validator). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
+the next; 0: no warm validator), SGLFLEET_SIM_VALIDATION_RECORDS (default 1; 0: validate every start,
+never answer from the host's record of an accepted start with the same argv, environment and files:
+sim_validator.py, VALIDATION RECORDS). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
 SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
 text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
 generation requests answered 500, spread evenly).
@@ -749,18 +751,29 @@ def main(argv):
     gpu = declared_gpu()
     if os.environ.get(RESULT_FD_ENV):
         validation_child(argv, gpu, int(os.environ[RESULT_FD_ENV]))
-    idle_s = env_float(warm.WARM_ENV, warm.WARM_DEFAULT_S)
-    if idle_s > 0:
-        validated, code = warm.validate(argv, gpu, idle_s, os.path.abspath(__file__), validate_in_child)
+    key = warm.validation_key(argv, gpu) if warm.records_enabled() else None
+    record = warm.recorded_validation(key) if key else None
+    if record is not None:
+        validated = record["summary"]
     else:
-        validated, code = validate_in_child(argv, gpu)
-    if validated is None:
-        return code
+        idle_s = env_float(warm.WARM_ENV, warm.WARM_DEFAULT_S)
+        if idle_s > 0:
+            validated, code = warm.validate(argv, gpu, idle_s, os.path.abspath(__file__), validate_in_child)
+        else:
+            validated, code = validate_in_child(argv, gpu)
+        if validated is None:
+            return code
+        if key:
+            warm.record_validation(key, {k: v for k, v in validated.items() if k != "validator"})
     if os.environ.get(VALIDATE_ONLY_ENV) == "1":  # a check, not a start: the summary, no server
         print(json.dumps({"ok": True, "gpu": gpu,
                           "speculative_algorithm": validated["server_args"].get("speculative_algorithm")}))
         return 0
-    if validated.get("validator"):
+    if record is not None:
+        log.info("lab simulation: SGLang accepted this argv at %s with the same environment and files "
+                 "(validation record %s); not validated again",
+                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0))), key[:12])
+    elif validated.get("validator"):
         log.info("lab simulation: SGLang validated the argv in a fork of this host's warm validator (pid %s)",
                  validated["validator"])
     return SimServer(validated, gpu, argv).serve()

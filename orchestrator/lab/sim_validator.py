@@ -28,10 +28,25 @@ shared pages), gone after SGLFLEET_SIM_WARM_S idle seconds (the latest start's; 
 never started while the machine has less than MIN_AVAILABLE_GB available (a fresh child per
 start then, as before). A stand-in stopped while validating closes its socket: the validator kills
 that child at once. /var/lib/sglfleet-lab/validator.log says why each validator came and went.
+
+VALIDATION RECORDS (below the validator): an accepted start's summary is kept in the host's
+/var/lib/sglfleet-lab/validated/<key>.json (the newest RECORDS_KEPT), the key made of all the
+validation could read that a test, a push or a hand edit changes (validation_key: the argv, the
+GPU, the working directory, the environment but the stand-in's own knobs, the interpreter, the
+content of every file of the sglang package and of the top of site-packages, and of the
+directories the argv names, such as the model's). A later start with the same key (a deploy's
+revert to what it ran before, a restart, the next test's deploy of the same profile) takes the
+summary from the record and says so in its log, instead of importing SGLang anew after a push
+or rollback replaced the validator (~3-6 s of CPU) and validating (~1.5 s). SGLang's own log
+lines from that validation are not written again. A refusal is never recorded: it validates,
+and SGLang writes its traceback, every time. SGLFLEET_SIM_VALIDATION_RECORDS=0 validates every
+start (the tests of the validator itself do).
 """
 
 import fcntl
+import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -502,3 +517,110 @@ def validation_in_fork(conn, request, outcome):
     send_message(conn, {"exit": code, "summary": summary, "validator": os.getppid()})
     conn.close()
     os._exit(code)
+
+
+# ---------------------------------------------------------------- validation records
+
+RECORDS_ENV = "SGLFLEET_SIM_VALIDATION_RECORDS"
+RECORDS_KEPT = 64
+RECORD_FILE_BYTES = 4 << 20  # files the argv names: above this, by size and mtime (weights), not content
+
+
+def records_enabled():
+    return os.environ.get(RECORDS_ENV, "1") != "0"
+
+
+def records_dir():
+    return os.path.join(os.path.dirname(validator_paths()[0]), "validated")
+
+
+def noise(name):
+    """An environment variable no validation reads: the session's, or the stand-in's own knob
+    (the accept-length scale is the stand-in's too, but its summary depends on it)."""
+    if name == "SGLFLEET_SIM_ACCEPT_SCALE":
+        return False
+    return name in NOISE_ENV or name.startswith(NOISE_ENV_PREFIXES)
+
+
+def tree_digest(add, root, by_content=lambda size: True):
+    """Every file below `root` (__pycache__ aside: written by imports) into the digest."""
+    for directory, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if by_content(st.st_size):
+                add(os.path.relpath(path, root), file_sha256(path))
+            else:
+                add(os.path.relpath(path, root), st.st_size, st.st_mtime_ns)
+
+
+def file_sha256(path):
+    with open(path, "rb") as fh:  # whole: sources, configs and .pth files are small
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def validation_key(argv, gpu):
+    """What this start's validation can depend on, hashed (see VALIDATION RECORDS above); None
+    where the sglang package cannot be found without importing it."""
+    spec = importlib.util.find_spec("sglang")  # locates the package; imports nothing
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = list(spec.submodule_search_locations)[0]
+    site = os.path.dirname(root)
+    digest = hashlib.sha256()
+
+    def add(*parts):
+        for part in parts:
+            digest.update(str(part).encode("utf-8", "surrogateescape") + b"\0")
+
+    add("sim-validation-v1", sys.executable, sys.version, gpu, os.getcwd(), len(argv), *argv)
+    add("|env", *("%s=%s" % (n, os.environ[n]) for n in sorted(os.environ) if not noise(n)))
+    add("|sglang")
+    tree_digest(add, root)
+    add("|site")
+    for name in sorted(os.listdir(site)):
+        path = os.path.join(site, name)
+        add(name, file_sha256(path) if os.path.isfile(path) else "dir")
+    for value in argv:  # the model, the draft model, a tokenizer: what validation reads from disk
+        path = value.split("=", 1)[1] if value.startswith("--") and "=" in value else value
+        if os.path.isabs(path) and os.path.exists(path):
+            add("|path", path)
+            if os.path.isdir(path):
+                tree_digest(add, path, lambda size: size <= RECORD_FILE_BYTES)
+            else:
+                add(file_sha256(path) if os.path.getsize(path) <= RECORD_FILE_BYTES else os.path.getsize(path))
+    return digest.hexdigest()[:32]
+
+
+def recorded_validation(key):
+    """The summary an earlier accepted start with this key recorded, or None."""
+    path = os.path.join(records_dir(), key + ".json")
+    try:
+        with open(path) as fh:
+            record = json.load(fh)
+        os.utime(path)  # the newest used are the ones kept
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("summary"), dict) else None
+
+
+def record_validation(key, summary):
+    directory = records_dir()
+    try:
+        os.makedirs(directory, exist_ok=True)
+        temp = os.path.join(directory, ".%s.%d.tmp" % (key, os.getpid()))
+        with open(temp, "w") as fh:
+            json.dump({"time": time.time(), "pid": os.getpid(), "summary": summary}, fh)
+        os.replace(temp, os.path.join(directory, key + ".json"))
+        records = sorted((os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".json")),
+                         key=lambda p: os.stat(p).st_mtime)
+        for stale_record in records[:-RECORDS_KEPT]:
+            os.unlink(stale_record)
+    except OSError:
+        pass  # a start that cannot record validates again next time: nothing is wrong with it
