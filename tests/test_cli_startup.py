@@ -57,6 +57,16 @@ def test_the_global_inventory_option_before_the_command_still_picks_its_family(l
     assert modules.isdisjoint(NEVER_FOR_RUN), sorted(modules & set(NEVER_FOR_RUN))
 
 
+def test_releases_imports_neither_jinja2_nor_the_doctor_stage(local_inventory):
+    """The releases family's commands but `plan` (push, rollback, releases) never render: ~0.1 s
+    of every such start was the doctor stage, the renderer and jinja2."""
+    done, modules = imported("releases", "all", "-i", str(local_inventory), "--json")
+    assert "here" in json.loads(done.stdout)["hosts"], done.stdout + done.stderr  # answered (no sglang here)
+    assert "orchestrator.cli.releases" in modules
+    never = {"jinja2", "orchestrator.stages.doctor", "orchestrator.stages.render"}
+    assert modules.isdisjoint(never), sorted(modules & never)
+
+
 def test_invoke_stays_importable_after_paramiko(local_inventory):
     """ssh_library hides invoke from paramiko's own import only."""
     code = ("from orchestrator.fleet.ssh_library import paramiko; import invoke, paramiko.config; "

@@ -14,7 +14,7 @@ from ..errors import ConfigError, RemoteError
 from ..fleet.group import TaskOutcome
 from ..spec.patchset import module_name, package_relative
 from ..spec.profile import load_profile
-from ..stages import doctor, kernels, release
+from ..stages import kernels, release
 from . import output
 from .option_paths import output_dir
 from .common import (ForksOpt, InventoryOpt, JsonOpt, PatternArg, PolicyOpt, ProfileArg, command_line, inventory,
@@ -69,6 +69,8 @@ def plan(pattern: str = PatternArg, profile: str = ProfileArg, inventory_path: O
          diff: bool = typer.Option(False, "--diff", help="Show a unified diff per changing file."),
          force: bool = ForceOpt, host_key_policy: Optional[str] = PolicyOpt) -> None:
     """Show what `push` would change on each host, without changing anything (one round trip per host)."""
+    from ..stages import doctor  # here: it imports the renderer and jinja2, which push and rollback never need
+
     inv, prof = inventory(inventory_path), load_profile(profile)
     artifacts, builds = prof.artifacts(), kernels.candidate_keys(prof)
     plans: dict[str, Any] = {}
