@@ -254,6 +254,9 @@ def test_an_accepted_start_is_recorded_and_the_same_start_on_the_same_files_is_n
     assert serve_and_stop(conn, "SGLFLEET_SIM_DECODE_LOG_S=1", records=True) is None
     key = recorded(conn)
     assert key is not None, conn.run("cat /tmp/sim.log").stdout_text[-2000:]
+    # private to the host's user: the resolved args would carry an --api-key
+    modes = conn.run("stat -c %a /var/lib/sglfleet-lab/validated /var/lib/sglfleet-lab/validated/*.json")
+    assert modes.stdout_text.split() == ["700", "600"], modes.stdout_text
     # The record holds what serving needs: the resolved args come back as SGLang resolved them.
     start(conn, argv, "SGLFLEET_SIM_LOAD_DELAY=0 SGLFLEET_SIM_DECODE_LOG_S=0.5", records=True)
     url = f"http://{conn.host.address}:30000"

@@ -611,12 +611,14 @@ def recorded_validation(key):
 
 
 def record_validation(key, summary):
+    """Kept readable by the host's user only: the resolved args carry what the argv did, an
+    --api-key included."""
     directory = records_dir()
     try:
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
         temp = os.path.join(directory, ".%s.%d.tmp" % (key, os.getpid()))
-        with open(temp, "w") as fh:
-            json.dump({"time": time.time(), "pid": os.getpid(), "summary": summary}, fh)
+        with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            json.dump({"time": time.time(), "summary": summary}, fh)
         os.replace(temp, os.path.join(directory, key + ".json"))
         records = sorted((os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".json")),
                          key=lambda p: os.stat(p).st_mtime)
