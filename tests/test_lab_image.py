@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,11 @@ def test_fault_knobs(inventory):
         assert wait_for(lambda: http(crash + "/health")[0] == 200), "crash knob: never healthy first"
         assert wait_for(lambda: http(sick + "/ready")[0] == 200)
         assert http(sick + "/health")[0] == 503  # loaded and ready, but failing health checks
+        # The hang host validates on its own clock (its stand-in may not be listening yet when the other
+        # two are healthy): wait until it answers and has begun its load, then past its load delay.
+        assert wait_for(lambda: "hanging during load" in conns["ct132"].run("cat /tmp/sim.log").stdout_text)
+        assert wait_for(lambda: http(hang + "/health")[0] == 503)
+        time.sleep(1.5)  # > SGLFLEET_SIM_LOAD_DELAY: a server that loads would be healthy by now
         assert http(hang + "/health")[0] == 503 and http(hang + "/ready")[0] == 503  # still "loading"
         assert wait_for(lambda: conns["ct129"].run("cat /tmp/sim.rc").stdout_text.strip() == "1", timeout=60)
         assert "illegal memory access" in conns["ct129"].run("cat /tmp/sim.log").stdout_text
