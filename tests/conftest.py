@@ -162,9 +162,16 @@ def pytest_configure(config):
     # the cache set their own).
     import tempfile
 
-    os.environ["SGLFLEET_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="sglfleet-test-kernel-cache-")
+    os.environ["SGLFLEET_KERNEL_CACHE"] = config._sglfleet_kernel_cache = tempfile.mkdtemp(
+        prefix="sglfleet-test-kernel-cache-")
     if getattr(config.option, "loadscopereorder", None) and DURATIONS.is_file():  # see longest_first
         config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_sglfleet_kernel_cache", None)
+    if cache:  # every pytest process (xdist's workers too) made one; none is left in /tmp
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def pytest_addoption(parser):
