@@ -49,6 +49,7 @@ KINDS = [
     ("remote call (other scripts)", re.compile(r"m\.serve\(")),
     ("test script on a host (python3 - over stdin)", re.compile(r"python3? - ")),
     ("CLI (python -m orchestrator.cli)", re.compile(r"-m orchestrator\.cli")),
+    ("CLI (forks of the tests' CLI zygote, and it)", re.compile(r"-m tests\.cli_zygote ")),
     ("pytest", re.compile(r"-m pytest")),
     ("sshd", re.compile(r"sshd")),
     ("lab host PID 1 (hostinit, systemd)", re.compile(r"hostinit\.py|systemd_boot\.py|/lib/systemd/")),
