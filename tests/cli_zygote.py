@@ -12,7 +12,8 @@ What a fresh start does that a fork would not, and how it is kept:
  * reading the environment at import (cli/output.py sizes its consoles from COLUMNS and the
    terminal, Rich and Python read TERM, NO_COLOR, PYTHON*, LC_*...): a call whose environment
    differs from the zygote's in any name other than SGLFLEET_* and XDG_* (read when a command
-   runs) starts a fresh interpreter instead;
+   runs) and PYTEST_CURRENT_TEST starts a fresh interpreter instead (tests/test_cli_zygote.py
+   checks that an ordinary call is served);
  * the import itself (a command module that fails to import, a warning it prints): the zygote
    that printed anything while importing, or failed, is not used (every call starts fresh); the
    start itself is tested by real starts: test_cli_startup, and the tests that kill a CLI (Popen).
@@ -36,6 +37,8 @@ import time
 from pathlib import Path
 
 SAME_AT_IMPORT_EXCEPT = ("SGLFLEET_", "XDG_")  # names the CLI reads only when a command runs
+# pytest's name for the test running now: different in every call, read by nothing in the CLI
+PER_CALL = ("PYTEST_CURRENT_TEST",)
 _lock = threading.Lock()
 _zygote: "Zygote | None" = None
 _unusable = False
@@ -143,6 +146,7 @@ class Zygote:
         import tempfile
 
         self.env = env
+        self.calls = 0  # served by a fork (tests/test_cli_zygote.py reads it)
         self.dir = tempfile.mkdtemp(prefix="sglfleet-cli-zygote-")
         self.sock_path = os.path.join(self.dir, "sock")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.cli_zygote", self.sock_path], cwd=cwd, env=env,
@@ -162,7 +166,8 @@ class Zygote:
         if not self.usable or self.proc.poll() is not None:
             return False
         names = set(env) | set(self.env)
-        return all(env.get(n) == self.env.get(n) for n in names if not n.startswith(SAME_AT_IMPORT_EXCEPT))
+        return all(env.get(n) == self.env.get(n) for n in names
+                   if not n.startswith(SAME_AT_IMPORT_EXCEPT) and n not in PER_CALL)
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         out_r, out_w = os.pipe()
@@ -177,6 +182,7 @@ class Zygote:
             for fd in (devnull, out_w, err_w):
                 os.close(fd)
         pid = int(sock.recv(64).split()[1])
+        self.calls += 1
         chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
@@ -189,7 +195,8 @@ class Zygote:
                     for fd in chunks:
                         os.close(fd)
                     sock.close()
-                    raise subprocess.TimeoutExpired(["sglfleet", *argv], timeout)
+                    raise subprocess.TimeoutExpired(["sglfleet", *argv], timeout, output=b"".join(chunks[out_r]),
+                                                    stderr=b"".join(chunks[err_r]))
                 for key, _ in selector.select(min(left, 1.0)):
                     data = os.read(key.fd, 65536)
                     if data:

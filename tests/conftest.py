@@ -247,7 +247,8 @@ def conn(inventory):
     c.close()
 
 
-def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real CLI in a process of its own, as a user would (fenced: see `fenced_env`): a fork
     of this pytest process's CLI zygote, which has imported it (tests/cli_zygote.py), or a fresh
     interpreter where the zygote would not behave as one."""
@@ -256,6 +257,6 @@ def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None) -> su
     full_env = fenced_env(env)
     zygote = zygote_for(fenced_env(), ROOT)
     if zygote is not None and zygote.serves(full_env):
-        return zygote.run(list(args), full_env, cwd or ROOT, timeout=300)
+        return zygote.run(list(args), full_env, cwd or ROOT, timeout=timeout)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
-                          text=True, env=full_env, cwd=cwd or ROOT, timeout=300)
+                          text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout)

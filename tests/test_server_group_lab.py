@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .conftest import ROOT, fenced_env, sglfleet
+from .conftest import sglfleet
 from .polling import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -89,10 +88,11 @@ class GroupLab:
             progress.write(f"\n$ {' '.join(args)}\n")
             progress.flush()
             try:
-                result = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args, "-i", str(self.inventory),
-                                         "--json", *runs], stdout=subprocess.PIPE, stderr=progress, text=True,
-                                        env=fenced_env(), cwd=ROOT, timeout=timeout)
-            except subprocess.TimeoutExpired:  # what the hosts were at, for the failure's message
+                result = sglfleet(*args, "-i", str(self.inventory), "--json", *runs, timeout=timeout)
+                progress.write(result.stderr)
+            except subprocess.TimeoutExpired as exc:  # what the hosts were at, for the failure's message
+                said = exc.stderr or b""
+                progress.write(said.decode("utf-8", "replace") if isinstance(said, bytes) else said)
                 look = "cat /var/lib/sglfleet/deploy-lease.json; tail -5 /var/log/sglfleet/big.log"
                 state = "\n".join(f"{h}: {self.run(h, look)}" for h in self.address)
                 raise AssertionError(f"{' '.join(args)}: no answer in {timeout}s; the hosts:\n{state}") from None
