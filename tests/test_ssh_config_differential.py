@@ -323,7 +323,10 @@ INCLUDED = {"10-inc1.conf": "Host inc1\n    Hostname 127.0.0.151\n    IdentityFi
 def case_dir(tmp_path):
     """The case's folder, a folder under ~/.ssh for relative Includes (removed after), cwd there."""
     ssh_dir = Path(os.path.expanduser("~/.ssh"))
-    made_ssh_dir = not ssh_dir.exists()
+    # ours to remove after if absent or holding only other cases' folders (another worker's)
+    # (a user's own ~/.ssh, even an empty one, stays)
+    entries = [p.name for p in ssh_dir.iterdir()] if ssh_dir.exists() else None
+    made_ssh_dir = entries is None or (entries != [] and all(n.startswith("sglfleet-diff-") for n in entries))
     inc = ssh_dir / f"sglfleet-diff-{os.getpid()}-{tmp_path.name}"
     (inc / "conf.d").mkdir(parents=True)
     for name, text in INCLUDED.items():
@@ -337,7 +340,13 @@ def case_dir(tmp_path):
         os.chdir(old)
         shutil.rmtree(inc)
         if made_ssh_dir:
-            shutil.rmtree(ssh_dir)
+            # Only if empty: test_ssh_alike uses this fixture in another xdist worker, whose case
+            # folder may be in it now (a whole-tree removal here wiped it: CI at 8cba893); the
+            # last one out removes it.
+            try:
+                ssh_dir.rmdir()
+            except OSError:
+                pass
 
 
 def _write_case(directory: Path, inc: str, config: str, hosts: dict) -> tuple[Path, Path]:
