@@ -92,11 +92,14 @@ def ranks(tmp_path):
 
 def test_rank_0_is_healthy_only_once_every_rank_joined_and_a_non_zero_rank_serves_health_only(ranks):
     r0 = ranks(0)
-    time.sleep(1.0)  # loaded long ago, but alone
+    # loaded, listening, but alone (event waits: a fixed sleep fell short on a busy CI machine)
+    assert wait_for(lambda: "Load weight end" in r0.text() and r0.get("/health") is not None, timeout=15), r0.text()
     assert r0.get("/health") == 503 and r0.proc.poll() is None
     r1 = ranks(1)
-    wait_for(lambda: r0.get("/health") == 200, timeout=10)
-    assert r1.get("/health") == 200 and r1.get("/health_generate") == 200
+    assert wait_for(lambda: r0.get("/health") == 200, timeout=10), r0.text()
+    # rank 1 hears that every rank is ready from rank 0, a moment after rank 0 itself is
+    assert wait_for(lambda: r1.get("/health") == 200, timeout=10), r1.text()
+    assert r1.get("/health_generate") == 200
     assert r1.get("/server_info") == 404 and r1.get("/v1/models") == 404  # no API on a non-zero rank
     assert "node rank 1 joined" in r0.text() and "all 2 node ranks joined" in r0.text()
 
@@ -112,11 +115,13 @@ def test_a_killed_non_zero_rank_takes_rank_0_down_with_an_nccl_error(ranks):
 
 def test_rank_0_s_sigterm_drains_and_stops_the_others_cleanly_and_theirs_is_ignored(ranks):
     r0, r1 = ranks(0), ranks(1)
-    wait_for(lambda: r1.get("/health") == 200, timeout=10)
+    assert wait_for(lambda: r1.get("/health") == 200, timeout=10), r1.text()
     r1.proc.send_signal(signal.SIGTERM)
+    # handled (logged), then given a moment in which an exit would show
+    assert wait_for(lambda: "SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq" in r1.text(),
+                    timeout=10), r1.text()
     time.sleep(0.5)
     assert r1.proc.poll() is None and r0.get("/health") == 200
-    assert "SIGTERM received on node_rank 1; waiting for the rank-0 ShutdownReq" in r1.text()
     r0.proc.send_signal(signal.SIGTERM)
     assert r0.wait() == 0 and r1.wait() == 0
     assert "Received ShutdownReq from node rank 0" in r1.text()
