@@ -22,11 +22,11 @@
 4. Extrapolated to --target hosts (issue 31: a no-op deploy on 1,000 hosts), and marked so: the
    controller's CPU from its per-host slope, the floor from both slopes, and the memory the
    serving hosts would hold (PSS of a stand-in and its supervisor times --target). A lab of
-   1,000 deployed hosts does not fit this machine (~20 MiB PSS each serving, and a first deploy
+   1,000 deployed hosts does not fit this machine (~30 MiB PSS each serving, and a first deploy
    imports SGLang on every host), so 1,000 is extrapolated from N, never measured here.
 
 The stand-in (sglfleet-sim-server, no GPU) validates in a child process that exits, so a serving
-stand-in holds ~20 MB: 32 hosts fit a 24 GB machine. The lab is its own
+stand-in and its supervisor hold ~30 MiB PSS: 32 hosts fit a 24 GB machine. The lab is its own
 (SGLFLEET_BENCH_LAB_DIR, subnet SGLFLEET_BENCH_SUBNET, default 127.0.5), each deploy is bounded
 by --deploy-timeout, and the lab is taken down at the end whatever happens.
 """
