@@ -260,3 +260,25 @@ def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None,
         return zygote.run(list(args), full_env, cwd or ROOT, timeout=timeout)
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout)
+
+
+def under_load(url: str, call, rate: float = 8, clients: int = 8, warmup: float = 2.0) -> tuple[object, dict]:
+    """`call()` under a steady client load through `url` (started `warmup` s before, stopped once
+    it returns): (its result, the load's summary plus `during_call`, the requests scheduled while
+    it ran, and `offered_during`, what the rate offered over that time). Assert on those two, not
+    on a total fixed in advance: a total follows the call's speed, not the load's reach."""
+    import time
+
+    from orchestrator.lab.loadgen import LoadGenerator
+
+    load = LoadGenerator(url, rate=rate, clients=clients, duration=900, max_new_tokens=4).start()
+    time.sleep(warmup)
+    began = time.monotonic()
+    try:
+        result = call()
+    finally:
+        ended = time.monotonic()
+        load.stop()
+    report = load.wait()
+    return result, dict(report.summary(), during_call=len(report.window(began, ended)),
+                        offered_during=round(rate * (ended - began)))

@@ -27,7 +27,7 @@ from orchestrator.fleet.inventory import Host
 from orchestrator.lab.router import stand_in_profile
 from orchestrator.stages import rollout
 
-from .conftest import sglfleet
+from .conftest import sglfleet, under_load
 
 
 # ---------------------------------------------------------------- batches (Ansible's serial)
@@ -284,39 +284,20 @@ def roll_lab(tmp_path_factory):
             rl.close()
 
 
-def run_under_load(rl: RollLab, args: list[str], rate: float = 8, clients: int = 8) -> tuple[int, dict, dict]:
-    """The rollout under a steady load through the router; (exit code, rollout doc, load stats)."""
-    from orchestrator.lab.loadgen import LoadGenerator
-
-    load = LoadGenerator(rl.url, rate=rate, clients=clients, duration=900, max_new_tokens=4).start()
-    time.sleep(2)
-    began = time.monotonic()
-    try:
-        code, doc = rl.cli(*args)
-    finally:
-        ended = time.monotonic()
-        load.stop()
-    report = load.wait()
-    # The requests scheduled while the rollout ran, against what the load offered over that time:
-    # a count fixed in advance would pass or fail with the rollout's speed, not the load's reach.
-    during = len(report.window(began, ended))
-    return code, doc, dict(report.summary(), during_rollout=during, offered_during=round(rate * (ended - began)))
-
-
 @pytest.mark.lab
 @pytest.mark.slow
 def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
     rl = roll_lab
     profile = str(rl.tmp / "roll-a.yaml")
-    code, doc, load = run_under_load(rl, ["restart", "--rolling", "all", profile, "--batch", "2",
-                                          "--max-unavailable", "2", "--min-ready", "1"])
+    (code, doc), load = under_load(rl.url, lambda: rl.cli("restart", "--rolling", "all", profile, "--batch", "2",
+                                                          "--max-unavailable", "2", "--min-ready", "1"))
     print(f"\nrolling restart under load: {load}; fewest healthy workers {doc['min_healthy_workers']}; "
           f"{doc['seconds']}s")
     assert code == 0, json.dumps(doc, indent=1)[-4000:]
     assert [h["outcome"] for h in doc["hosts"].values()] == ["restarted"] * 4
     assert load["failed"] == 0, load
     # the load kept its rate through the whole rollout (a starved load would hide failures)
-    assert load["during_rollout"] >= max(40, 0.8 * load["offered_during"]), load
+    assert load["during_call"] >= max(40, 0.8 * load["offered_during"]), load
     # the router never had fewer than hosts - max_unavailable healthy workers
     assert doc["router_samples"] > 50
     assert min(doc["min_healthy_workers"].values()) >= 4 - 2, doc["min_healthy_workers"]
@@ -342,7 +323,6 @@ def test_rolling_restart_under_load_fails_no_request_and_control_does(roll_lab):
 def _control(rl: RollLab, profile: str) -> tuple[int, dict, dict]:
     """The rollout with unsafe_skip_drain, in-process (the switch is not on the CLI)."""
     from orchestrator.fleet.inventory import load_inventory
-    from orchestrator.lab.loadgen import LoadGenerator
     from orchestrator.spec.profile import load_profile
     from orchestrator.stages.deploy import DeployOptions
 
@@ -350,13 +330,8 @@ def _control(rl: RollLab, profile: str) -> tuple[int, dict, dict]:
                                      state_dir=rl.tmp / "runs-control", unsafe_skip_drain=True,
                                      deploy=DeployOptions(command="test control"))
     run = rollout.Rollout(load_inventory(str(rl.inventory)), "all", load_profile(profile), None, options)
-    load = LoadGenerator(rl.url, rate=8, clients=8, duration=900, max_new_tokens=4).start()
-    time.sleep(2)
-    try:
-        doc = run.run()
-    finally:
-        load.stop()
-    return doc["exit_code"], doc, load.wait().summary()
+    doc, load = under_load(rl.url, run.run)
+    return doc["exit_code"], doc, load
 
 
 def _server_pid(rl: RollLab, host: str, profile: str) -> tuple[object, list]:
