@@ -32,11 +32,14 @@ PUSHED = "qwen36-ddtree"
 HOLDER_PROFILE = "qwen3-8b-dflash"
 
 
-def profile(tmp_path, name, base, load_delay, port):
-    """A playbook for the lab's stand-in: its load delay (how long the deploy holds the lease) and port."""
+def profile(tmp_path, name, base, load_delay, port, loads_until=None):
+    """A playbook for the lab's stand-in: its load delay (how long the deploy holds the lease) and port;
+    with `loads_until`, the load lasts until that file exists on the host too (the test's event)."""
     text = (ROOT / "playbooks" / f"{base}.yaml").read_text().replace("../", f"{ROOT}/")
     text = text.replace("port: 30000", f"port: {port}")
     env = f"  SGLFLEET_SIM_LOAD_DELAY: \"{load_delay}\"\n"
+    if loads_until:
+        env += f"  SGLFLEET_SIM_LOAD_UNTIL: \"{loads_until}\"\n"
     text = text.replace("env:\n", "env:\n" + env) if "\nenv:\n" in text else text + "env:\n" + env
     path = tmp_path / f"{name}.yaml"
     path.write_text(text)
@@ -96,10 +99,13 @@ def test_push_is_refused_while_a_deploy_holds_the_host_then_goes_through(lab, in
     with Connection(inventory.hosts[host], KnownHosts(inventory.known_hosts_path)) as conn:
         files = Files(conn)
         pristine = files.hashes()
-    holder = deploy_in_background(lab, tmp_path, host, profile(tmp_path, "holder", HOLDER_PROFILE, 15, 30001))
+    loaded = f"/tmp/{tmp_path.name}-holder-loads"
+    holder = deploy_in_background(lab, tmp_path, host, profile(tmp_path, "holder", HOLDER_PROFILE, 0.5, 30001,
+                                                               loaded))
     lease = wait_until_serving_under_lease(inventory, host, holder)
 
     code, refused = push_json(lab, host)
+    on_host(inventory, host, f"touch {loaded}")  # refused while the deploy held the host: its load may end
     assert code == 1 and not refused["ok"], refused
     error = refused["error"]
     assert "being deployed by another sglfleet run" in error and f"deploy {lease['id']}" in error, error
@@ -142,13 +148,18 @@ def test_a_deploys_own_push_and_revert_go_through_and_an_expired_lease_binds_nob
     assert cli(lab, "rollback", host, "--to", "pristine").returncode == 0
 
     # A deploy whose lease outlived it (as if its controller died and the ttl passed).
-    holder = deploy_in_background(lab, tmp_path, host, profile(tmp_path, "holder", HOLDER_PROFILE, 15, 30001))
+    # Its load lasts until the push below is done: the deploy's own last step takes the host's lock,
+    # which that push holds while it runs (a load that ended meanwhile failed the deploy there).
+    loaded = f"/tmp/{tmp_path.name}-holder-loads"
+    holder = deploy_in_background(lab, tmp_path, host, profile(tmp_path, "holder", HOLDER_PROFILE, 0.5, 30001,
+                                                               loaded))
     lease = wait_until_serving_under_lease(inventory, host, holder)
     code, refused = push_json(lab, host)
     assert code == 1 and f"deploy {lease['id']}" in refused["error"], refused
     on_host(inventory, host, f"python3 -c 'import json; p=\"{STATE}/deploy-lease.json\"; d=json.load(open(p)); "
                              f"d[\"since\"] -= d[\"ttl\"] + 60; json.dump(d, open(p, \"w\"))'")
     code, pushed = push_json(lab, host)
+    on_host(inventory, host, f"touch {loaded}")
     assert code == 0 and pushed["value"]["release"] and pushed["value"]["content_bytes"] > 0, pushed
     code, doc = finished(holder, host)
     assert code == 0, doc.get("summary")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import uuid
 
 import pytest
 
@@ -23,7 +24,7 @@ from .private_lab import lab_fixture
 from .polling import http, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
-lab = lab_fixture("sim-server", 21, hosts=1)
+lab = lab_fixture("sim-server", 21, hosts=2)  # ct130: a second host, for the shared records
 M = "/root/models"
 # Plain DFlash on a dense target: needs no patchset on the host.
 DFLASH = [f"--model-path={M}/Qwen3-8B", "--speculative-algorithm", "DFLASH",
@@ -49,12 +50,13 @@ def no_validator(conn):
     assert wait_for(lambda: validator(conn) is None, timeout=10)
 
 
-def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0", records=False):
+def start(conn, argv, env="SGLFLEET_SIM_LOAD_DELAY=0", records=False, shared=False):
     """The stand-in, detached, its output in /tmp/sim.log and its exit status in /tmp/sim.rc. These
     tests are about how each start validates, so none answers from a validation record unless
-    `records` (the one test of the records)."""
+    `records` (the tests of the records), and then only from its own host's unless `shared`."""
     q = " ".join(shlex.quote(a) for a in argv)
     env = env if records else f"SGLFLEET_SIM_VALIDATION_RECORDS=0 {env}"
+    env = env if shared else f"SGLFLEET_SIM_SHARED_RECORDS=0 {env}"
     conn.run(f"rm -f /tmp/sim.rc; setsid nohup sh -c '{env} sglfleet-sim-server {q}; echo $? > /tmp/sim.rc'"
              f" > /tmp/sim.log 2>&1 < /dev/null &")
 
@@ -173,12 +175,12 @@ def test_sigterm_while_validating_in_the_warm_validator_ends_that_validation(con
     assert validator(conn) == warm  # the validator itself stays, for the next start
 
 
-def serve_and_stop(conn, env="", records=False):
+def serve_and_stop(conn, env="", records=False, shared=False):
     """One start of the stand-in through to /health 200, then SIGTERM; the warm validator's pid that
     validated it."""
     url = f"http://{conn.host.address}:30000"
     start(conn, DFLASH + ["--host", conn.host.address, "--port", "30000"], f"SGLFLEET_SIM_LOAD_DELAY=0 {env}",
-          records)
+          records, shared)
     assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=120), conn.run("cat /tmp/sim.log").stdout_text[-3000:]
     conn.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
     assert exit_status(conn, timeout=30) == 0
@@ -283,3 +285,73 @@ def test_an_accepted_start_is_recorded_and_the_same_start_on_the_same_files_is_n
     assert serve_and_stop(conn, records=True) is None and recorded(conn) == key  # the same bytes again
     assert serve_and_stop(conn, "SGLANG_SGLFLEET_TEST_SETTING=1", records=True) is not None  # validated
     assert recorded(conn) is None
+
+
+@pytest.fixture
+def other(inventory):
+    """ct130: the second host, whose own address differs from ct129's."""
+    c = Connection(inventory.hosts["ct130"], KnownHosts(inventory.known_hosts_path))
+    yield c
+    c.run(f"pkill -KILL -f '{SERVER}'; true")
+    c.close()
+
+
+def test_a_start_answered_on_one_host_answers_the_same_start_on_another_at_its_own_address(conn, other):
+    """Plain lab hosts share their validation records (sim_validator.py, SHARED RECORDS): a start
+    validated on ct129 answers the same start on ct130, whose argv differs only in the address it
+    binds; ct130 serves its own address and port, and says whose record it took. With sharing off
+    (a systemd host, or SGLFLEET_SIM_SHARED_RECORDS=0) ct130 validates for itself."""
+    run = f"SGLFLEET_TEST_RUN={uuid.uuid4().hex}"  # a start no earlier run of the suite recorded
+    assert serve_and_stop(conn, run, records=True, shared=True) is not None and recorded(conn) is None
+    shared = conn.run("cat /var/lib/sglfleet-lab/shared-records").stdout_text.strip()
+    assert shared.startswith("/") and shared == other.run("cat /var/lib/sglfleet-lab/shared-records").stdout_text.strip()
+
+    url = f"http://{other.host.address}:30000"
+    start(other, DFLASH + ["--host", other.host.address, "--port", "30000"], f"SGLFLEET_SIM_LOAD_DELAY=0 {run}",
+          records=True, shared=True)
+    assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=60), other.run("cat /tmp/sim.log").stdout_text
+    log = other.run("cat /tmp/sim.log").stdout_text
+    key = recorded(other)
+    assert key is not None and " on lab host ct129 " in log, log[-2000:]
+    (path,) = conn.run(f"ls {shared}/{key}*.json").stdout_text.split()
+    assert json.loads(conn.run(f"cat {path}").stdout_text)["host"] == "ct129"
+    modes = conn.run(f"stat -c %a {shared} {path}").stdout_text.split()
+    assert modes == ["700", "600"], modes  # the resolved args would carry an --api-key
+    info = json.loads(http(url + "/server_info")[1])
+    assert info["server_args"]["host"] == other.host.address and info["server_args"]["port"] == 30000, info
+    other.run(f"kill -TERM $(pgrep -o -f '{SERVER}')")
+    assert exit_status(other, timeout=30) == 0
+
+    # the same start with sharing off: ct130 has no record of its own, so it validates
+    other.run("rm -rf /var/lib/sglfleet-lab/validated")
+    assert serve_and_stop(other, run, records=True) is not None and recorded(other) is None
+
+
+def test_a_summary_holding_the_address_inside_a_value_stays_on_its_host(tmp_path, monkeypatch):
+    """The bind address is given back to the starting host only where a value IS the address; a
+    record whose summary holds it inside another value (a URL) is never shared, and a shared one
+    comes back bound to the reader's address."""
+    from orchestrator.lab import sim_validator as warm
+
+    (tmp_path / "host").mkdir()
+    (tmp_path / "host" / warm.SHARED_RECORDS_FILE).write_text(f"{tmp_path / 'shared'}\n")
+    monkeypatch.setenv(warm.DIRECTORY_ENV, str(tmp_path / "host"))
+    argv_a = ["--model-path", "/m", "--host", "127.0.9.1", "--port", "30000"]
+    argv_b = ["--model-path", "/m", "--host=127.0.9.2", "--port", "30000"]
+    assert warm.keyed_argv(argv_a)[3] == warm.BIND_PLACEHOLDER and warm.bind_address(argv_b) == "127.0.9.2"
+    plain = {"fields": {"host": "127.0.9.1", "port": 30000}, "server_args": {"host": "127.0.9.1", "n": [1]}}
+    warm.record_validation("plain", plain, argv_a)
+    with_url = {"fields": {"host": "127.0.9.1"}, "server_args": {"url": "http://127.0.9.1:30000"}}
+    warm.record_validation("url", with_url, argv_a)
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["plain.json"]
+    assert sorted(p.name for p in (tmp_path / "host" / "validated").iterdir()) == ["plain.json", "url.json"]
+    # another host (no record of its own) reads the shared one at its own address
+    monkeypatch.setenv(warm.DIRECTORY_ENV, str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / warm.SHARED_RECORDS_FILE).write_text(f"{tmp_path / 'shared'}\n")
+    found = warm.recorded_validation("plain", argv_b)
+    assert found["summary"] == {"fields": {"host": "127.0.9.2", "port": 30000},
+                                "server_args": {"host": "127.0.9.2", "n": [1]}}, found
+    assert warm.recorded_validation("url", argv_b) is None
+    monkeypatch.setenv(warm.SHARED_RECORDS_ENV, "0")
+    assert warm.recorded_validation("plain", argv_b) is None

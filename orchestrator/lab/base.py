@@ -53,6 +53,15 @@ def base_dir() -> Path:
     return Path(os.environ.get("SGLFLEET_LAB_BASE", f"/var/cache/sglfleet/base-{RECIPE_VERSION}"))
 
 
+def shared_records_dir() -> Path:
+    """Where the stand-ins of every plain lab host on this machine keep their validation records
+    (sim_validator.py, SHARED RECORDS): beside the base layer, which all hosts see, and kept
+    across labs as the base is. Made 0700: a record holds the resolved args, an --api-key too."""
+    path = base_dir().parent / "sim-validated"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
 def ensure_base(log=print) -> Path:
     base = base_dir()
     stamp = base / ".sglfleet-base"

@@ -253,6 +253,10 @@ class Lab:
         declared = hdir / "upper" / "var_lib" / "sglfleet-lab"
         declared.mkdir(parents=True)
         (declared / "gpu").write_text(f"{gpu} 1\n")
+        # A plain host sees this machine's /var/cache as it is (not one of OVERLAY_TARGETS), so its
+        # stand-in can share validation records with the other hosts'; a systemd host's root is
+        # an overlay of its own, where a write would stay on that host: it keeps its records.
+        (declared / "shared-records").write_text(f"{lab_base.shared_records_dir()}\n")
         lab_base.install_tools(hdir / "upper" / "usr_local_bin", gpu)
         overlays = []
         for target in OVERLAY_TARGETS:

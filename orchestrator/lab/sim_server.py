@@ -40,8 +40,9 @@ SGLFLEET_SIM_VALIDATE_ONLY=1 (exit after validation, as a start validates, print
 SGLFLEET_SIM_WARM_S (s, default 180: how long the host's warm validator waits idle after this start for
 the next; 0: no warm validator), SGLFLEET_SIM_VALIDATION_RECORDS (default 1; 0: validate every start,
 never answer from the host's record of an accepted start with the same argv, environment and files:
-sim_validator.py, VALIDATION RECORDS). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1,
-SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
+sim_validator.py, VALIDATION RECORDS), SGLFLEET_SIM_SHARED_RECORDS (default 1; 0: this host's records
+only), SGLFLEET_SIM_LOAD_UNTIL=PATH (the load also lasts until PATH exists on the host: a test's
+event). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1, SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
 text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
 generation requests answered 500, spread evenly).
 
@@ -391,6 +392,9 @@ class SimServer:
             return
         log.info("Load weight begin. avail mem=139.00 GB (lab simulation)")
         time.sleep(env_float("SGLFLEET_SIM_LOAD_DELAY", 3.0))
+        gate = os.environ.get("SGLFLEET_SIM_LOAD_UNTIL")
+        while gate and not os.path.exists(gate):  # a test's event: the load ends when it says so
+            time.sleep(0.1)
         log.info("Load weight end. type=%s, dtype=torch.bfloat16, avail mem=85.10 GB, mem usage=53.90 GB.",
                  self.args.model_path)
         if self.rendezvous is not None:
@@ -752,7 +756,7 @@ def main(argv):
     if os.environ.get(RESULT_FD_ENV):
         validation_child(argv, gpu, int(os.environ[RESULT_FD_ENV]))
     key = warm.validation_key(argv, gpu) if warm.records_enabled() else None
-    record = warm.recorded_validation(key) if key else None
+    record = warm.recorded_validation(key, argv) if key else None
     if record is not None:
         validated = record["summary"]
     else:
@@ -764,15 +768,17 @@ def main(argv):
         if validated is None:
             return code
         if key:
-            warm.record_validation(key, {k: v for k, v in validated.items() if k != "validator"})
+            warm.record_validation(key, {k: v for k, v in validated.items() if k != "validator"}, argv)
     if os.environ.get(VALIDATE_ONLY_ENV) == "1":  # a check, not a start: the summary, no server
         print(json.dumps({"ok": True, "gpu": gpu,
                           "speculative_algorithm": validated["server_args"].get("speculative_algorithm")}))
         return 0
     if record is not None:
-        log.info("lab simulation: SGLang accepted this argv at %s with the same environment and files "
+        origin = record.get("host")
+        log.info("lab simulation: SGLang accepted this argv at %s%s with the same environment and files "
                  "(validation record %s); not validated again",
-                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0))), key[:12])
+                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0))),
+                 " on lab host %s" % origin if origin and origin != socket.gethostname() else "", key[:12])
     elif validated.get("validator"):
         log.info("lab simulation: SGLang validated the argv in a fork of this host's warm validator (pid %s)",
                  validated["validator"])

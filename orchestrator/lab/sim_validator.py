@@ -41,6 +41,18 @@ or rollback replaced the validator (~3-6 s of CPU) and validating (~1.5 s). SGLa
 lines from that validation are not written again. A refusal is never recorded: it validates,
 and SGLang writes its traceback, every time. SGLFLEET_SIM_VALIDATION_RECORDS=0 validates every
 start (the tests of the validator itself do).
+
+SHARED RECORDS: the key is the same on every lab host of this machine for the same start, so a
+record made on one host answers the others. Hosts share one network namespace, so each binds its
+own address (`--host 127.0.N.M` in the argv); the key takes that value as a placeholder, and the
+record keeps the placeholder wherever a value equals it and is given the starting host's address
+back (SGLang 0.5.23's validation reads --host only to format URLs, and passes it through). A
+summary that holds the address inside another value (a URL, a dist-init address) is kept on its
+own host only. `lab up` names the machine-wide directory in /var/lib/sglfleet-lab/shared-records
+(beside the lab's base layer, newest SHARED_RECORDS_KEPT); a host without that file, or a start
+with SGLFLEET_SIM_SHARED_RECORDS=0, keeps its records to itself. In the lab tests, where every
+module brings up hosts of its own, this answers 41 of 76 validations that each host made anew
+(each an import of SGLang and torch in a validator, ~4.5 s of CPU, and ~1.5 s of validation).
 """
 
 import fcntl
@@ -523,6 +535,10 @@ def validation_in_fork(conn, request, outcome):
 
 RECORDS_ENV = "SGLFLEET_SIM_VALIDATION_RECORDS"
 RECORDS_KEPT = 64
+SHARED_RECORDS_ENV = "SGLFLEET_SIM_SHARED_RECORDS"
+SHARED_RECORDS_FILE = "shared-records"  # beside the validator: the machine-wide directory's path
+SHARED_RECORDS_KEPT = 512
+BIND_PLACEHOLDER = "<the starting host's --host>"
 RECORD_FILE_BYTES = 4 << 20  # files the argv names: above this, by size and mtime (weights), not content
 
 
@@ -532,6 +548,60 @@ def records_enabled():
 
 def records_dir():
     return os.path.join(os.path.dirname(validator_paths()[0]), "validated")
+
+
+def shared_records_dir():
+    """The machine-wide records directory `lab up` named for this host, or None (not named, or
+    SGLFLEET_SIM_SHARED_RECORDS=0)."""
+    if os.environ.get(SHARED_RECORDS_ENV, "1") == "0":
+        return None
+    try:
+        with open(os.path.join(os.path.dirname(validator_paths()[0]), SHARED_RECORDS_FILE)) as fh:
+            path = fh.read().strip()
+    except OSError:
+        return None
+    return path if os.path.isabs(path) else None
+
+
+def bind_address(argv):
+    """The address the argv binds (its last --host), or None."""
+    found = None
+    for index, value in enumerate(argv):
+        if value == "--host" and index + 1 < len(argv):
+            found = argv[index + 1]
+        elif value.startswith("--host="):
+            found = value.split("=", 1)[1]
+    return found
+
+
+def keyed_argv(argv):
+    """The argv as the key sees it: every --host value is the placeholder."""
+    out = []
+    for index, value in enumerate(argv):
+        if index > 0 and argv[index - 1] == "--host":
+            value = BIND_PLACEHOLDER
+        elif value.startswith("--host="):
+            value = "--host=" + BIND_PLACEHOLDER
+        out.append(value)
+    return out
+
+
+def rebind(value, old, new):
+    """`value` (a summary) with every string equal to `old` made `new`."""
+    if isinstance(value, dict):
+        return {k: rebind(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rebind(v, old, new) for v in value]
+    return new if isinstance(value, str) and value == old else value
+
+
+def holds_inside(value, text):
+    """Whether a string in `value` contains `text` without being it (a URL with the address)."""
+    if isinstance(value, dict):
+        return any(holds_inside(v, text) for v in value.values())
+    if isinstance(value, list):
+        return any(holds_inside(v, text) for v in value)
+    return isinstance(value, str) and text in value and value != text
 
 
 def noise(name):
@@ -579,7 +649,7 @@ def validation_key(argv, gpu):
         for part in parts:
             digest.update(str(part).encode("utf-8", "surrogateescape") + b"\0")
 
-    add("sim-validation-v1", sys.executable, sys.version, gpu, os.getcwd(), len(argv), *argv)
+    add("sim-validation-v2", sys.executable, sys.version, gpu, os.getcwd(), len(argv), *keyed_argv(argv))
     add("|env", *("%s=%s" % (n, os.environ[n]) for n in sorted(os.environ) if not noise(n)))
     add("|sglang")
     tree_digest(add, root)
@@ -598,31 +668,62 @@ def validation_key(argv, gpu):
     return digest.hexdigest()[:32]
 
 
-def recorded_validation(key):
-    """The summary an earlier accepted start with this key recorded, or None."""
-    path = os.path.join(records_dir(), key + ".json")
-    try:
-        with open(path) as fh:
-            record = json.load(fh)
-        os.utime(path)  # the newest used are the ones kept
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and isinstance(record.get("summary"), dict) else None
+def recorded_validation(key, argv):
+    """The record an earlier accepted start with this key left, on this host or (shared) on
+    another, its summary bound to this argv's address; None if there is none."""
+    for directory in (records_dir(), shared_records_dir()):
+        if directory is None:
+            continue
+        path = os.path.join(directory, key + ".json")
+        try:
+            with open(path) as fh:
+                record = json.load(fh)
+            os.utime(path)  # the newest used are the ones kept
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("summary"), dict):
+            address = bind_address(argv)
+            if address is not None:
+                record["summary"] = rebind(record["summary"], BIND_PLACEHOLDER, address)
+            return record
+    return None
 
 
-def record_validation(key, summary):
+def record_validation(key, summary, argv):
     """Kept readable by the host's user only: the resolved args carry what the argv did, an
-    --api-key included."""
-    directory = records_dir()
+    --api-key included. On this host; and in the shared directory unless the summary holds the
+    bind address inside another value (it could not be given another host's)."""
+    address = bind_address(argv)
+    shared = shared_records_dir()
+    if address is not None:
+        if holds_inside(summary, address):
+            shared = None
+        summary = rebind(summary, address, BIND_PLACEHOLDER)
+    record = {"time": time.time(), "host": socket.gethostname(), "summary": summary}
+    for directory, kept in ((records_dir(), RECORDS_KEPT), (shared, SHARED_RECORDS_KEPT)):
+        if directory is not None:
+            write_record(directory, key, record, kept)
+
+
+def write_record(directory, key, record, kept):
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        temp = os.path.join(directory, ".%s.%d.tmp" % (key, os.getpid()))
+        # hosts of two labs may share a name and a pid (each has its own pid namespace)
+        temp = os.path.join(directory, ".%s.%s.tmp" % (key, os.urandom(8).hex()))
         with os.fdopen(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-            json.dump({"time": time.time(), "summary": summary}, fh)
+            json.dump(record, fh)
         os.replace(temp, os.path.join(directory, key + ".json"))
-        records = sorted((os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".json")),
-                         key=lambda p: os.stat(p).st_mtime)
-        for stale_record in records[:-RECORDS_KEPT]:
-            os.unlink(stale_record)
+        records = []
+        for name in os.listdir(directory):
+            if name.endswith(".json"):
+                try:  # another host may prune the same directory meanwhile
+                    records.append((os.stat(os.path.join(directory, name)).st_mtime, name))
+                except OSError:
+                    pass
+        for _mtime, name in sorted(records)[:-kept]:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass
     except OSError:
         pass  # a start that cannot record validates again next time: nothing is wrong with it
