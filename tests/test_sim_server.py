@@ -329,8 +329,8 @@ def test_a_start_answered_on_one_host_answers_the_same_start_on_another_at_its_o
 
 def test_a_summary_holding_the_address_inside_a_value_stays_on_its_host(tmp_path, monkeypatch):
     """The bind address is given back to the starting host only where a value IS the address; a
-    record whose summary holds it inside another value (a URL) is never shared, and a shared one
-    comes back bound to the reader's address."""
+    record whose summary holds it inside another value (a URL), or whose argv names it elsewhere
+    too, is never shared, and a shared one comes back bound to the reader's address."""
     from orchestrator.lab import sim_validator as warm
 
     (tmp_path / "host").mkdir()
@@ -343,8 +343,11 @@ def test_a_summary_holding_the_address_inside_a_value_stays_on_its_host(tmp_path
     warm.record_validation("plain", plain, argv_a)
     with_url = {"fields": {"host": "127.0.9.1"}, "server_args": {"url": "http://127.0.9.1:30000"}}
     warm.record_validation("url", with_url, argv_a)
+    # the address named by another flag too: a summary value equal to it may be that flag's
+    warm.record_validation("named", plain, argv_a + ["--advertise-host", "127.0.9.1"])
     assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["plain.json"]
-    assert sorted(p.name for p in (tmp_path / "host" / "validated").iterdir()) == ["plain.json", "url.json"]
+    assert sorted(p.name for p in (tmp_path / "host" / "validated").iterdir()) == ["named.json", "plain.json",
+                                                                                  "url.json"]
     # another host (no record of its own) reads the shared one at its own address
     monkeypatch.setenv(warm.DIRECTORY_ENV, str(tmp_path / "elsewhere"))
     (tmp_path / "elsewhere").mkdir()

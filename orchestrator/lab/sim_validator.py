@@ -47,8 +47,8 @@ record made on one host answers the others. Hosts share one network namespace, s
 own address (`--host 127.0.N.M` in the argv); the key takes that value as a placeholder, and the
 record keeps the placeholder wherever a value equals it and is given the starting host's address
 back (SGLang 0.5.23's validation reads --host only to format URLs, and passes it through). A
-summary that holds the address inside another value (a URL, a dist-init address) is kept on its
-own host only. `lab up` names the machine-wide directory in /var/lib/sglfleet-lab/shared-records
+summary that holds the address inside another value (a URL, a dist-init address), or an argv that
+names it elsewhere too, is kept on its own host only. `lab up` names the machine-wide directory in /var/lib/sglfleet-lab/shared-records
 (beside the lab's base layer, newest SHARED_RECORDS_KEPT); a host without that file, or a start
 with SGLFLEET_SIM_SHARED_RECORDS=0, keeps its records to itself. In the lab tests, where every
 module brings up hosts of its own, 41 of the 76 validations hosts made anew were of a start
@@ -692,12 +692,13 @@ def recorded_validation(key, argv):
 
 def record_validation(key, summary, argv):
     """Kept readable by the host's user only: the resolved args carry what the argv did, an
-    --api-key included. On this host; and in the shared directory unless the summary holds the
-    bind address inside another value (it could not be given another host's)."""
+    --api-key included. On this host; and in the shared directory unless the bind address is
+    also elsewhere in the argv, or inside another value of the summary: a value equal to it would
+    then not surely be the bind address, and could not be given another host's."""
     address = bind_address(argv)
     shared = shared_records_dir()
     if address is not None:
-        if holds_inside(summary, address):
+        if holds_inside(summary, address) or any(address in value for value in keyed_argv(argv)):
             shared = None
         summary = rebind(summary, address, BIND_PLACEHOLDER)
     record = {"time": time.time(), "host": socket.gethostname(), "summary": summary}
