@@ -312,7 +312,7 @@ def test_a_start_answered_on_one_host_answers_the_same_start_on_another_at_its_o
     assert wait_for(lambda: http(url + "/health")[0] == 200, timeout=60), other.run("cat /tmp/sim.log").stdout_text
     log = other.run("cat /tmp/sim.log").stdout_text
     key = recorded(other)
-    assert key is not None and " on lab host ct129 " in log, log[-2000:]
+    assert key is not None and f" on lab host ct129 ({conn.host.address}) " in log, log[-2000:]
     (path,) = conn.run(f"ls {shared}/{key}*.json").stdout_text.split()
     assert json.loads(conn.run(f"cat {path}").stdout_text)["host"] == "ct129"
     modes = conn.run(f"stat -c %a {shared} {path}").stdout_text.split()

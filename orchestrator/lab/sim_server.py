@@ -42,9 +42,10 @@ the next; 0: no warm validator), SGLFLEET_SIM_VALIDATION_RECORDS (default 1; 0: 
 never answer from the host's record of an accepted start with the same argv, environment and files:
 sim_validator.py, VALIDATION RECORDS), SGLFLEET_SIM_SHARED_RECORDS (default 1; 0: this host's records
 only), SGLFLEET_SIM_LOAD_UNTIL=PATH (the load also lasts until PATH exists on the host: a test's
-event). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1, SGLFLEET_SIM_HEALTH_FAIL=1 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no
-text and no tokens), SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the
-generation requests answered 500, spread evenly).
+event). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1, SGLFLEET_SIM_HEALTH_FAIL=1
+(/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no text and no tokens),
+SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the generation requests
+answered 500, spread evenly).
 
 SIMULATED speculative decoding (a model, not a measurement; it exists so that a canary analysis
 has something that follows from what is deployed). Nothing is drafted or verified here:
@@ -774,11 +775,12 @@ def main(argv):
                           "speculative_algorithm": validated["server_args"].get("speculative_algorithm")}))
         return 0
     if record is not None:
-        origin = record.get("host")
+        origin = (record.get("host"), record.get("address"))
+        elsewhere = origin[0] and origin != (socket.gethostname(), warm.bind_address(argv))
         log.info("lab simulation: SGLang accepted this argv at %s%s with the same environment and files "
                  "(validation record %s); not validated again",
                  time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("time", 0))),
-                 " on lab host %s" % origin if origin and origin != socket.gethostname() else "", key[:12])
+                 " on lab host %s (%s)" % origin if elsewhere else "", key[:12])
     elif validated.get("validator"):
         log.info("lab simulation: SGLang validated the argv in a fork of this host's warm validator (pid %s)",
                  validated["validator"])

@@ -48,9 +48,10 @@ own address (`--host 127.0.N.M` in the argv); the key takes that value as a plac
 record keeps the placeholder wherever a value equals it and is given the starting host's address
 back (SGLang 0.5.23's validation reads --host only to format URLs, and passes it through). A
 summary that holds the address inside another value (a URL, a dist-init address), or an argv that
-names it elsewhere too, is kept on its own host only. `lab up` names the machine-wide directory in /var/lib/sglfleet-lab/shared-records
-(beside the lab's base layer, newest SHARED_RECORDS_KEPT); a host without that file, or a start
-with SGLFLEET_SIM_SHARED_RECORDS=0, keeps its records to itself. In the lab tests, where every
+names it elsewhere too, is kept on its own host only. `lab up` names the machine-wide directory
+in /var/lib/sglfleet-lab/shared-records (beside the lab's base layer, newest SHARED_RECORDS_KEPT);
+a host without that file, or a start with SGLFLEET_SIM_SHARED_RECORDS=0, keeps its records to
+itself. In the lab tests, where every
 module brings up hosts of its own, 41 of the 76 validations hosts made anew were of a start
 another host had validated (each an import of SGLang and torch in a validator, ~4.5 s of CPU, and
 ~1.5 s of validation); with sharing, the suite's validators spent 234 s of CPU instead of 339 s.
@@ -701,7 +702,8 @@ def record_validation(key, summary, argv):
         if holds_inside(summary, address) or any(address in value for value in keyed_argv(argv)):
             shared = None
         summary = rebind(summary, address, BIND_PLACEHOLDER)
-    record = {"time": time.time(), "host": socket.gethostname(), "summary": summary}
+    # hosts of two labs may share a name: the address tells them apart in the log
+    record = {"time": time.time(), "host": socket.gethostname(), "address": address, "summary": summary}
     for directory, kept in ((records_dir(), RECORDS_KEPT), (shared, SHARED_RECORDS_KEPT)):
         if directory is not None:
             write_record(directory, key, record, kept)
