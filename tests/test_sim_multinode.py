@@ -142,3 +142,14 @@ def test_a_rank_out_of_range_is_refused_by_rank_0(ranks):
     assert bad.wait() == 1
     assert "rank 0 refused node rank 2: node rank 2 is not in 1..1" in bad.text(), bad.text()
     assert r0.proc.poll() is None
+
+
+def test_a_rank_loaded_before_rank_0_listens_still_makes_the_group_healthy(ranks):
+    # in the lab a non-zero rank answered from a validation record is loaded seconds before rank 0
+    # (still validating) listens; its greeting and "loaded" then arrive in one read at rank 0
+    r1 = ranks(1, env={"SGLFLEET_SIM_DIST_TIMEOUT": "10"})
+    assert wait_for(lambda: "Load weight end" in r1.text(), timeout=10), r1.text()
+    assert "connected to rank 0" not in r1.text()
+    r0 = ranks(0)
+    assert wait_for(lambda: r0.get("/health") == 200, timeout=10), r0.text()
+    assert wait_for(lambda: r1.get("/health") == 200, timeout=10), r1.text()

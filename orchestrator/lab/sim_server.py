@@ -255,8 +255,12 @@ class Rendezvous:
             except socket.timeout:
                 continue
             conn.settimeout(10)
+            # one reader for the connection's life: a rank that is loaded before it connects sends
+            # "join" and "loaded" together, and a reader made for the greeting alone would swallow
+            # the second line in its buffer
+            reader = conn.makefile("r")
             try:
-                line = conn.makefile("r").readline().split()
+                line = reader.readline().split()
             except OSError:
                 line = []
             conn.settimeout(None)
@@ -274,13 +278,13 @@ class Rendezvous:
             with self.lock:
                 self.peers[rank] = conn
             log.info("[dist] node rank %d joined from %s (%d/%d)", rank, peer[0], len(self.peers), self.nnodes - 1)
-            threading.Thread(target=self._watch_peer, args=(rank, conn), daemon=True).start()
+            threading.Thread(target=self._watch_peer, args=(rank, reader), daemon=True).start()
         listener.close()
         log.info("[dist] all %d node ranks joined: NCCL communicator initialized (lab simulation)", self.nnodes)
         self._check_ready()
 
-    def _watch_peer(self, rank, conn):
-        for line in conn.makefile("r"):
+    def _watch_peer(self, rank, reader):
+        for line in reader:
             if line.strip() == "loaded":
                 with self.lock:
                     self.loaded.add(rank)
