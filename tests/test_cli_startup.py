@@ -50,6 +50,16 @@ def test_run_imports_neither_the_deploy_stage_nor_jinja2_nor_invoke(local_invent
     assert modules.isdisjoint(NEVER_FOR_RUN), sorted(modules & set(NEVER_FOR_RUN))
 
 
+def test_run_piped_writes_its_lines_without_importing_rich(local_inventory):
+    done, modules = imported("run", "all", "echo hi; echo warn >&2", "-i", str(local_inventory))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("\u2500") and " here ok " in lines[0] and len(lines[0]) == 160, lines
+    assert lines[1:] == ["hi", "warn", "1 ok, 0 failed"], lines
+    assert re.match(r"here: ok \(\d+\.\d\ds\)$", done.stderr.splitlines()[0]), done.stderr
+    assert not {m for m in modules if m.split(".")[0] == "rich"}, sorted(m for m in modules if m.startswith("rich"))
+
+
 def test_the_global_inventory_option_before_the_command_still_picks_its_family(local_inventory):
     done, modules = imported("-i", str(local_inventory), "facts", "all", "--json")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -154,16 +154,14 @@ def run_command(pattern: str = PatternArg,
 
     def print_outputs() -> None:
         for name, r in results.items():
-            style = "green" if r.ok else "red"
-            output.stdout.rule(f"[{style}]{output.escape(name)}[/] "
-                               + ("ok" if r.ok else output.escape((r.error or "failed").splitlines()[0])))
+            output.host_rule(name, "ok" if r.ok else (r.error or "failed").splitlines()[0], "green" if r.ok else "red")
             if r.value:
                 output.write_host_text(r.value["stdout"])
                 if r.value["stderr"]:
-                    output.stdout.print(output.escape(r.value["stderr"]), style="yellow", end="")
+                    output.say(output.shown(r.value["stderr"]), style="yellow", end="")
             elif r.error:
-                output.stdout.print(output.escape(r.error), style="red")
+                output.say(output.shown(r.error), style="red")
         sys.stdout.flush()
-        output.stdout.print(f"{len(results.succeeded)} ok, {len(results.failed)} failed")
+        output.say(f"{len(results.succeeded)} ok, {len(results.failed)} failed")
 
     report("run", results, as_json, print_outputs, pattern=pattern, inventory=inv.path)
