@@ -159,15 +159,23 @@ class Zygote:
             self.close()
 
     def _watch_stderr(self):
-        if self.proc.stderr.read(1):
+        said = self.proc.stderr.read(1)
+        if said:
             self.usable = False
+            self.said = said + self.proc.stderr.read(2000)
+
+    def why_not(self, env: dict[str, str]) -> str:
+        """Why a call in `env` would start fresh: '' where this zygote serves it."""
+        if not self.usable:
+            return f"the zygote printed {getattr(self, 'said', b'')!r} to its stderr"
+        if self.proc.poll() is not None:
+            return f"the zygote exited with code {self.proc.returncode}"
+        differ = sorted(n for n in set(env) | set(self.env) if env.get(n) != self.env.get(n)
+                        and not n.startswith(SAME_AT_IMPORT_EXCEPT) and n not in PER_CALL)
+        return f"names read at import differ from the zygote's: {', '.join(differ)}" if differ else ""
 
     def serves(self, env: dict[str, str]) -> bool:
-        if not self.usable or self.proc.poll() is not None:
-            return False
-        names = set(env) | set(self.env)
-        return all(env.get(n) == self.env.get(n) for n in names
-                   if not n.startswith(SAME_AT_IMPORT_EXCEPT) and n not in PER_CALL)
+        return not self.why_not(env)
 
     def run(self, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
         out_r, out_w = os.pipe()

@@ -256,8 +256,12 @@ def sglfleet(*args: str, env: dict | None = None, cwd: Path | None = None,
 
     full_env = fenced_env(env)
     zygote = zygote_for(fenced_env(), ROOT)
-    if zygote is not None and zygote.serves(full_env):
+    why_not = zygote.why_not(full_env) if zygote is not None else "no zygote"
+    if not why_not:
         return zygote.run(list(args), full_env, cwd or ROOT, timeout=timeout)
+    if os.environ.get("SGLFLEET_TEST_ZYGOTE_LOG"):  # which calls started fresh, and why
+        with open(os.environ["SGLFLEET_TEST_ZYGOTE_LOG"], "a") as log:
+            log.write(f"{XDIST_WORKER or 'main'} {os.environ.get('PYTEST_CURRENT_TEST')}: {why_not}\n")
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], capture_output=True,
                           text=True, env=full_env, cwd=cwd or ROOT, timeout=timeout)
 

@@ -17,6 +17,8 @@ def zygote():
     zygote = zygote_for(fenced_env(), ROOT)
     if zygote is None:
         pytest.skip("no CLI zygote here (SGLFLEET_TEST_FRESH_CLI=1, or its import printed something)")
+    # made by this worker's first CLI call, perhaps many tests ago: it must still serve ordinary calls
+    assert zygote.serves(fenced_env()), zygote.why_not(fenced_env())
     return zygote
 
 
