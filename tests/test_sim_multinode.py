@@ -153,3 +153,14 @@ def test_a_rank_loaded_before_rank_0_listens_still_makes_the_group_healthy(ranks
     r0 = ranks(0)
     assert wait_for(lambda: r0.get("/health") == 200, timeout=10), r0.text()
     assert wait_for(lambda: r1.get("/health") == 200, timeout=10), r1.text()
+
+
+def test_a_rank_s_crash_comes_after_it_joined_however_late_rank_0_listens(ranks):
+    r1 = ranks(1, env={"SGLFLEET_SIM_DIST_TIMEOUT": "10", "SGLFLEET_SIM_CRASH_AFTER": "0.5"})
+    assert wait_for(lambda: "Load weight end" in r1.text(), timeout=10), r1.text()
+    time.sleep(1.0)  # twice the crash delay, still alone: a forward pass needs the group
+    assert r1.proc.poll() is None, r1.text()
+    r0 = ranks(0)
+    assert r0.wait() == 1 and r1.wait() == 1
+    assert "node rank 1 closed its connection" in r0.text(), r0.text()
+    assert "illegal memory access" in r1.text(), r1.text()

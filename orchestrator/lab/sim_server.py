@@ -42,7 +42,8 @@ the next; 0: no warm validator), SGLFLEET_SIM_VALIDATION_RECORDS (default 1; 0: 
 never answer from the host's record of an accepted start with the same argv, environment and files:
 sim_validator.py, VALIDATION RECORDS), SGLFLEET_SIM_SHARED_RECORDS (default 1; 0: this host's records
 only), SGLFLEET_SIM_LOAD_UNTIL=PATH (the load also lasts until PATH exists on the host: a test's
-event). Faults: SGLFLEET_SIM_CRASH_AFTER (s), SGLFLEET_SIM_HANG_LOAD=1, SGLFLEET_SIM_HEALTH_FAIL=1
+event). Faults: SGLFLEET_SIM_CRASH_AFTER (s; on a rank of a multi-node server, from when it
+joined), SGLFLEET_SIM_HANG_LOAD=1, SGLFLEET_SIM_HEALTH_FAIL=1
 (/health 503), SGLFLEET_SIM_EMPTY_GENERATE=1 (/generate answers 200 with no text and no tokens),
 SGLFLEET_SIM_SLOW_MS (per request), SGLFLEET_SIM_ERROR_RATE (this share of the generation requests
 answered 500, spread evenly).
@@ -227,6 +228,7 @@ class Rendezvous:
         self.loaded = set()      # rank 0: the ranks whose load is done (its own included)
         self.leaving = False     # this process is ending on purpose: a closed connection is no error
         self.conn = None         # another rank: its connection to rank 0
+        self.joined = threading.Event()  # this rank is in the group (rank 0: every rank joined)
 
     def start(self):
         target = self._host if self.rank == 0 else self._join
@@ -281,6 +283,7 @@ class Rendezvous:
             threading.Thread(target=self._watch_peer, args=(rank, reader), daemon=True).start()
         listener.close()
         log.info("[dist] all %d node ranks joined: NCCL communicator initialized (lab simulation)", self.nnodes)
+        self.joined.set()
         self._check_ready()
 
     def _watch_peer(self, rank, reader):
@@ -349,6 +352,7 @@ class Rendezvous:
             if self.rank in self.loaded:
                 conn.sendall(b"loaded\n")
         log.info("[dist] node rank %d of %d: connected to rank 0 at %s:%d", self.rank, self.nnodes, *self.address)
+        self.joined.set()
         for line in conn.makefile("r"):
             word = line.strip()
             if word == "ready":
@@ -422,6 +426,11 @@ class SimServer:
     def crash_timer(self):
         delay = env_float("SGLFLEET_SIM_CRASH_AFTER", 0.0)
         if delay > 0:
+            if self.rendezvous is not None:
+                # a rank's forward pass needs the group's communicator: the fault comes after it
+                # joined, however long rank 0 took to listen (a rank answered from a validation
+                # record starts seconds before a rank 0 that validates)
+                self.rendezvous.joined.wait()
             time.sleep(delay)
             try:
                 simulated_scheduler_step(delay)
