@@ -230,12 +230,20 @@ class Zygote:
 
 
 def zygote_for(env: dict[str, str], cwd: Path) -> Zygote | None:
-    """This pytest process's zygote (started by the first call, in `env` and `cwd`), or None
-    where there is none to use (SGLFLEET_TEST_FRESH_CLI=1: every call starts fresh)."""
+    """This pytest process's zygote for its environment `env` (started by the first call in it,
+    in `cwd`), or None where there is none to use (SGLFLEET_TEST_FRESH_CLI=1: every call starts
+    fresh; a zygote that printed while importing)."""
     global _zygote, _unusable
     if os.environ.get("SGLFLEET_TEST_FRESH_CLI") == "1":
         return None
     with _lock:
+        if _zygote is not None and _zygote.usable and _zygote.why_not(env):
+            # This process's own environment is not the one the zygote started in: a library the
+            # tests run here set a name (distutils sets PLAT, torch's inductor TORCHINDUCTOR_CACHE_DIR,
+            # in the kernel tests), and from then on no call was served. One started in the
+            # environment of now serves the calls after.
+            _zygote.close()
+            _zygote = None
         if _zygote is None and not _unusable:
             import atexit
 

@@ -65,3 +65,11 @@ def test_a_call_past_its_timeout_is_killed(zygote):
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(["lab", "proxy", "ct129", "--listen", "127.0.0.1:0"], fenced_env(), ROOT, timeout=0.05)
     assert zygote.run(["--help"], fenced_env(), ROOT, timeout=60).returncode == 0  # and the zygote serves on
+
+
+def test_a_zygote_is_started_anew_when_this_process_s_environment_changed(zygote, monkeypatch):
+    monkeypatch.setenv("PLAT", "linux-x86_64")  # what distutils sets here when the kernel tests build
+    assert not zygote.serves(fenced_env())
+    assert sglfleet("--help").returncode == 0
+    now = zygote_for(fenced_env(), ROOT)
+    assert now is not zygote and now.calls == 1 and zygote.proc.poll() is not None
