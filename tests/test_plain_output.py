@@ -90,7 +90,8 @@ def run_in_cli(code: str, env: dict | None = None) -> str:
 
 def test_force_color_keeps_rich_s_styles_on_a_pipe():
     code = ("from orchestrator.cli import output; output.say('3 ok', style='green'); "
-            "output.host_rule('ct129', 'ok', 'green')")
+            "output.host_rule('ct129', 'ok', 'green'); output.stdout.print(output.escape('x :thumbs_up:'))")
     plain, styled = run_in_cli(code, {"FORCE_COLOR": ""}), run_in_cli(code, {"FORCE_COLOR": "1"})
     assert "\x1b[" not in plain and plain.startswith("3 ok\n\u2500")
     assert "\x1b[32m3 ok" in styled and "\x1b[32mct129" in styled
+    assert plain.endswith("x :thumbs_up:\n") and "x :thumbs_up:" in styled  # host text, never an emoji

@@ -46,8 +46,10 @@ def _console(name: str) -> "Console":
     if console is None:
         from rich.console import Console
 
-        console = (Console(soft_wrap=True, width=_WIDTH) if name == "stdout"
-                   else Console(stderr=True, soft_wrap=True))
+        # emoji off: Rich would turn a `:name:` shortcode in host text into an emoji (its markup
+        # escape does not cover them), and sglfleet's own text has none
+        console = (Console(soft_wrap=True, width=_WIDTH, emoji=False) if name == "stdout"
+                   else Console(stderr=True, soft_wrap=True, emoji=False))
         globals()[name] = console
     return console
 
