@@ -447,17 +447,21 @@ class Lab:
         stopped = []
         hosts = self.hosts()
         self._power_off([h for h in hosts if h.kind == "systemd"])
+        inits = []
         for host in hosts:
+            pid = self.init_pid(host)
             if _alive(host.unshare_pid):
                 os.kill(host.unshare_pid, signal.SIGTERM)  # --kill-child: PID 1 gets SIGKILL
-            pid = self.init_pid(host)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
+                inits.append(pid)
             stopped.append(host.name)
-        deadline = time.monotonic() + 10
-        for host in hosts:
-            while _alive(host.unshare_pid) and time.monotonic() < deadline:
-                _reap(host.unshare_pid)
+        # PID 1 ends only once every process of its namespace has (the kernel kills them all):
+        # waiting for it, not only for unshare, returns when the host's processes are gone
+        deadline = time.monotonic() + 30
+        for pid in [h.unshare_pid for h in hosts] + inits:
+            while _alive(pid) and time.monotonic() < deadline:
+                _reap(pid)
                 time.sleep(0.02)
         for host in hosts:
             if host.kind == "systemd":
