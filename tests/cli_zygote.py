@@ -153,6 +153,7 @@ class Zygote:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         first = self.proc.stdout.readline()
         self.usable = first == b"ready\n"
+        self.said = b""  # what it printed to its stderr after "ready" (then it is not used)
         if self.usable:  # anything it printed while importing would be missing from each call's output
             threading.Thread(target=self._watch_stderr, daemon=True).start()
         else:
@@ -161,13 +162,13 @@ class Zygote:
     def _watch_stderr(self):
         said = self.proc.stderr.read(1)
         if said:
-            self.usable = False
             self.said = said + self.proc.stderr.read(2000)
+            self.usable = False
 
     def why_not(self, env: dict[str, str]) -> str:
         """Why a call in `env` would start fresh: '' where this zygote serves it."""
         if not self.usable:
-            return f"the zygote printed {getattr(self, 'said', b'')!r} to its stderr"
+            return f"the zygote printed {self.said!r} to its stderr"
         if self.proc.poll() is not None:
             return f"the zygote exited with code {self.proc.returncode}"
         differ = sorted(n for n in set(env) | set(self.env) if env.get(n) != self.env.get(n)

@@ -138,16 +138,11 @@ def shown(value: str | bytes) -> str:
     return terminal_text(redact.text(value if isinstance(value, str) else str(value), redact.KNOWN))
 
 
-def escape_markup(text: str) -> str:
-    """Rich's markup escaped (rich.markup imported when first needed)."""
-    from rich.markup import escape as markup_escape
-
-    return markup_escape(text)
-
-
 def escape(value: str | bytes) -> str:
     """Host text for Rich: redacted and terminal-safe (shown), then Rich's markup escaped."""
-    return escape_markup(shown(value))
+    from rich.markup import escape as markup_escape  # Rich is imported on first use
+
+    return markup_escape(shown(value))
 
 
 def json_safe(document: Any) -> Any:
