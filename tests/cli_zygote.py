@@ -162,8 +162,9 @@ class Zygote:
     def _watch_stderr(self):
         said = self.proc.stderr.read(1)
         if said:
-            self.said = said + self.proc.stderr.read(2000)
-            self.usable = False
+            self.said = said
+            self.usable = False  # at once: reading more may wait for the zygote's next write
+            self.said += self.proc.stderr.read1(2000)
 
     def why_not(self, env: dict[str, str]) -> str:
         """Why a call in `env` would start fresh: '' where this zygote serves it."""
