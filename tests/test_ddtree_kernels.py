@@ -9,9 +9,15 @@ log-probs (tree, mask, verify, compaction) must be bit-identical.
 from __future__ import annotations
 
 import fcntl
+import functools
+import hashlib
 import os
 import random
 import shutil
+import subprocess
+import sys
+import sysconfig
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,17 +40,72 @@ CASES = [  # (bs, L, V, B)
 ]
 
 
+# Where the CPU build is kept between runs: compiling it is ~50 s of CPU, the most of any test
+# setup on a clean clone (CI's is one), while its output depends only on what ext_build_key
+# reads. Like ccache, a directory per key: a change to any of those builds anew.
+EXT_BUILDS = Path(os.environ.get("SGLFLEET_TEST_EXT_BUILDS", "/var/cache/sglfleet/ddtree-test-builds"))
+EXT_BUILDS_KEPT = 4  # newest keys kept: a few checkouts side by side, and not a disk's worth over months
+
+
+def ext_build_key(cpu_only: bool) -> str:
+    """Everything the build's output depends on: build.py, every file under csrc/ (sources and
+    headers), the compilers it runs (`c++`, or $CXX as torch reads it; nvcc for a CUDA build),
+    torch's version and C++ ABI, the Python it is built for, CPU or CUDA."""
+    digest = hashlib.sha256()
+    for path in [Path(ddtree_build.__file__), *sorted(ddtree_build.CSRC.iterdir())]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for tool in [os.environ.get("CXX", "c++")] + ([] if cpu_only else ["nvcc"]):
+        found = shutil.which(tool)
+        version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout if found else "-"
+        digest.update(f"{tool}={found}:{version}\0".encode())
+    digest.update(f"{torch.__version__} {torch.version.cuda} abi={torch._C._GLIBCXX_USE_CXX11_ABI} {sys.version} "
+                  f"{sysconfig.get_config_var('EXT_SUFFIX')} cpu_only={cpu_only}".encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def ext_dir() -> tuple[Path, bool]:
+    """(the build's directory, whether it is a cached one): DDTREE_EXT_DIR if set, else this
+    build's key under EXT_BUILDS, else (EXT_BUILDS not writable: not root) build/ddtree-test."""
+    if "DDTREE_EXT_DIR" in os.environ:
+        return Path(os.environ["DDTREE_EXT_DIR"]), False
+    try:
+        EXT_BUILDS.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ROOT / "build" / "ddtree-test", False
+    if not os.access(EXT_BUILDS, os.W_OK):
+        return ROOT / "build" / "ddtree-test", False
+    return EXT_BUILDS / ext_build_key(cpu_only=not torch.cuda.is_available()), True
+
+
+def prune_ext_builds(keep: Path) -> None:
+    """Drop all but the EXT_BUILDS_KEPT newest builds, and never one used in the last day."""
+    builds = sorted((p for p in EXT_BUILDS.iterdir() if p.is_dir() and p != keep),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in builds[EXT_BUILDS_KEPT - 1:]:
+        if time.time() - old.stat().st_mtime > 86400:
+            shutil.rmtree(old, ignore_errors=True)
+            old.with_name(f"{old.name}.lock").unlink(missing_ok=True)
+
+
 @pytest.fixture(scope="session")
 def ext():
-    out = Path(os.environ.get("DDTREE_EXT_DIR", ROOT / "build" / "ddtree-test"))
+    out, cached = ext_dir()
     out.parent.mkdir(parents=True, exist_ok=True)
     # Four modules need it and `make test`'s workers often reach them together: under the lock
-    # the first compiles (~50 s of CPU on a clean clone) and the others then find every object
-    # current (ninja: ~2 s), instead of each compiling the same sources into the same directory.
+    # the first compiles (~50 s of CPU on a clean clone) and the others then find the build done
+    # (a cached one: metadata.json, which the build writes last) or every object current (ninja:
+    # ~2 s), instead of each compiling the same sources into the same directory.
     with open(out.parent / f"{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        ddtree_build.build(out, cpu_only=not torch.cuda.is_available())
-    return load(out)
+        if not (cached and (out / "metadata.json").is_file()):
+            ddtree_build.build(out, cpu_only=not torch.cuda.is_available())
+            if cached:  # its objects serve ninja's next build in this directory, which a key never has
+                shutil.rmtree(out / "tmp", ignore_errors=True)
+        if cached:
+            os.utime(out)  # newest first when pruning
+            prune_ext_builds(keep=out)
+        return load(out)
 
 
 def make_logits(bs, L, V, kind, seed, dtype=torch.float32):
@@ -442,7 +503,7 @@ def test_bad_arguments_are_clear_errors(ext):
 
 def test_artifact_metadata_fingerprint(ext):
     import json
-    out = Path(os.environ.get("DDTREE_EXT_DIR", ROOT / "build" / "ddtree-test"))
+    out, _ = ext_dir()
     meta = json.loads((out / "metadata.json").read_text())
     fp = meta["fingerprint"]
     assert fp["python_tag"] == f"cp{__import__('sys').version_info.major}{__import__('sys').version_info.minor}"
