@@ -55,6 +55,9 @@ def test_a_host_rule_written_plainly_is_rich_s_rule(name, status, width):
 
 def test_a_wide_or_unprintable_title_goes_to_rich(monkeypatch, capsys):
     monkeypatch.setattr(output, "_WIDTH", 40)
+    # the module's console is made on first use, at the width of then: one made by an earlier
+    # test in this process would draw at its own width, so this test's is made here, at 40
+    monkeypatch.setitem(vars(output), "stdout", None)
     output.host_rule("\u4e2d\u6587-host", "ok", "green")  # two cells a character: Rich measures
     drawn = rich_console(40)
     drawn.rule("[green]\u4e2d\u6587-host[/] ok")
