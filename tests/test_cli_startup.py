@@ -1,7 +1,7 @@
 """What a command imports: `main()` registers only the family of the command it runs.
 
 Start-up is most of what a small command costs (bench/peers.py): `sglfleet run` must not import
-the deploy stage, the profile schema, jinja2 or invoke, and help must still list every command.
+the deploy stage, the profile schema, pydantic, jinja2 or invoke, and help must still list every command.
 These run the CLI in subprocesses on a host reached by `ansible_connection: local` (no SSH).
 """
 
@@ -25,7 +25,9 @@ PROBE = ("import atexit, json, sys; from orchestrator.cli import main; "
          "sys.argv = ['sglfleet', *sys.argv[1:]]; main()")
 NEVER_FOR_RUN = ("jinja2", "invoke", "orchestrator.stages.deploy", "orchestrator.stages.render",
                  "orchestrator.spec.profile", "orchestrator.spec.patchset", "orchestrator.cli.deploy",
-                 "orchestrator.lab.manager")
+                 "orchestrator.lab.manager",
+                 # typer 0.29 coerces each parameter through pydantic: ~60 ms of CPU a start (pyproject.toml)
+                 "pydantic")
 
 
 @pytest.fixture
