@@ -48,12 +48,15 @@ EXT_BUILDS_KEPT = 4  # newest keys kept: a few checkouts side by side, and not a
 
 
 def ext_build_key(cpu_only: bool) -> str:
-    """Everything the build's output depends on: build.py, every file under csrc/ (sources and
-    headers), the compilers it runs (`c++`, or $CXX as torch reads it; nvcc for a CUDA build),
-    torch's version and C++ ABI, the Python it is built for, CPU or CUDA."""
+    """Everything the build's output depends on: the files it needs (the ones build-kernels
+    ships to a host: build.py and every file under csrc/), the compilers it runs (`c++`, or $CXX
+    as torch reads it; nvcc for a CUDA build), torch's version and C++ ABI, the Python it is
+    built for, CPU or CUDA."""
+    from orchestrator.stages import kernels
+
     digest = hashlib.sha256()
-    for path in [Path(ddtree_build.__file__), *sorted(ddtree_build.CSRC.iterdir())]:
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for name, data in kernels.sources():
+        digest.update(name.encode() + b"\0" + data + b"\0")
     for tool in [os.environ.get("CXX", "c++")] + ([] if cpu_only else ["nvcc"]):
         found = shutil.which(tool)
         version = subprocess.run([found, "--version"], capture_output=True, text=True).stdout if found else "-"
